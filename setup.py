@@ -1,0 +1,36 @@
+"""Packaging for the NCF benchmark reference (``official`` and ``recommendation``)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="ncf-benchmark",
+    version="0.1.0",
+    description=(
+        "Neural Collaborative Filtering (NeuMF) benchmark reference for TensorFlow 2 "
+        "and Keras 3, with MLPerf-style training and online training."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(
+        include=["official", "official.*", "recommendation", "recommendation.*"]
+    ),
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.10,<4",
+        "numpy>=1.26,<3",
+        "pandas>=2.2,<4",
+        "pyarrow>=15",
+        "absl-py>=2.1",
+        "typing-extensions>=4.8",
+        "mlperf-logging>=4.1,<5",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "ruff>=0.6"],
+    },
+    entry_points={
+        "console_scripts": [
+            "ncf-create-data=recommendation.create_ncf_data:run_main",
+        ],
+    },
+)
