@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import os
 import re
 import urllib.error
@@ -573,8 +574,8 @@ def _fetch(url: str, path: str, info: DatasetInfo) -> str:
                 digest.update(chunk)
                 out.write(chunk)
                 progress.update(len(chunk))
-        except OSError as error:
-            raise DataError(f"could not download {url}: {error}; {_offline_hint(info)}") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise DataError(f"could not download {url}: {error!r}; {_offline_hint(info)}") from None
         progress.close()
     return digest.hexdigest()
 

@@ -265,8 +265,10 @@ def write_ratings_csv(ratings: RawRatings, path: str) -> None:
     tf.io.gfile.makedirs(os.path.dirname(path))
     temp_path = f"{path}.tmp-{os.getpid()}"
     try:
+        text = pa.BufferOutputStream()  # pyarrow cannot write to a gfile handle
+        pa_csv.write_csv(table, text, pa_csv.WriteOptions(quoting_style="none", quoting_header="none"))
         with tf.io.gfile.GFile(temp_path, "wb") as out:
-            pa_csv.write_csv(table, out, pa_csv.WriteOptions(quoting_style="none"))
+            out.write(text.getvalue().to_pybytes())
         tf.io.gfile.rename(temp_path, path, overwrite=True)
     finally:
         if tf.io.gfile.exists(temp_path):

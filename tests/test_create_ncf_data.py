@@ -1,0 +1,47 @@
+"""The data command end to end, as a user runs it (separate processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import TINY_ROWS, write_movielens
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "recommendation.create_ncf_data", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+
+
+def test_synthetic_offline_prints_statistics(tmp_path):
+    result = _run("--dataset=synthetic", f"--data_dir={tmp_path}", "--synthetic_num_users=300",
+                  "--synthetic_num_items=200", "--synthetic_num_ratings=12000", "--seed=5")
+    assert result.returncode == 0, result.stderr
+    assert "users:               300\n" in result.stdout
+    assert "training positives:  11,700\n" in result.stdout
+    assert "evaluation users:    300\n" in result.stdout
+
+
+def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path):
+    path = write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS, "dat")
+    with open(path, "a") as out:
+        out.write("40::oops::4::1\n")
+    result = _run("--dataset=ml-1m", f"--data_dir={tmp_path}")
+    assert result.returncode != 0
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error_lines == [
+        f"error: {path}:10: item id 'oops' is not an integer: '40::oops::4::1'; "
+        "fix or delete that line"
+    ]
+    assert os.listdir(tmp_path / "ml-1m") == ["ratings.dat"]
+
+
+def test_unknown_dataset_is_rejected_at_start_up():
+    result = _run("--dataset=ml-2m")
+    assert result.returncode != 0
+    assert "flag --dataset=ml-2m: value should be one of" in result.stderr

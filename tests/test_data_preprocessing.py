@@ -1,0 +1,191 @@
+"""Preprocessing: filtering, indexing, time order, holdout, the NCF split and the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import TINY_ROWS, write_movielens
+
+from recommendation import data_preprocessing, movielens
+from recommendation.data_preprocessing import DataConfig
+from recommendation.movielens import DataError, RawRatings
+
+
+def _raw(rows) -> RawRatings:
+    users, items, times = (np.array(column, dtype=np.int64) for column in zip(*rows))
+    return RawRatings(users, items, times)
+
+
+def test_hand_computed_split():
+    # User 20 has 2 < 3 ratings and is dropped; ids are indexed in order of first
+    # appearance; user 10's two ratings at t=100 keep file order, so 501 is held out.
+    data = data_preprocessing.preprocess(_raw(TINY_ROWS), min_num_ratings=3)
+    np.testing.assert_array_equal(data.user_ids, [10, 30])
+    np.testing.assert_array_equal(data.item_ids, [500, 70000, 501, 502, 503])
+    np.testing.assert_array_equal(data.train_offsets, [0, 3, 5])
+    np.testing.assert_array_equal(data.train_items, [3, 1, 0, 4, 2])
+    np.testing.assert_array_equal(data.eval_items, [2, 1])
+    np.testing.assert_array_equal(data.train_users(), [0, 0, 0, 1, 1])
+    assert data.train_items.dtype == np.int32 and data.eval_negatives is None
+
+
+def test_every_user_filtered_out():
+    with pytest.raises(DataError, match="every user has fewer than 5 ratings.*--min_num_ratings"):
+        data_preprocessing.preprocess(_raw(TINY_ROWS), min_num_ratings=5)
+
+
+def _random_ratings(seed: int, num_rows: int = 5000) -> RawRatings:
+    rng = np.random.default_rng(seed)
+    users = rng.integers(1, 60, num_rows)
+    items = rng.integers(1, 400, num_rows) * 7
+    times = rng.integers(0, 30, num_rows)  # many same-second ties
+    return RawRatings(users, items, times)
+
+
+def _reference_order(raw: RawRatings, ml_perf: bool) -> pd.DataFrame:
+    """The Model Garden's pandas steps, without filtering (min_num_ratings=2 keeps all)."""
+    frame = pd.DataFrame({"user": raw.users, "item": raw.items, "timestamp": raw.timestamps})
+    if ml_perf:
+        frame = frame.sort_values(by="timestamp")
+        return frame.sort_values(["user", "timestamp"], kind="mergesort")
+    return frame.sort_values(["user", "timestamp"], kind="stable")
+
+
+@pytest.mark.parametrize("ml_perf", [False, True])
+def test_holdout_matches_the_reference_sort(ml_perf):
+    raw = _random_ratings(seed=3)
+    data = data_preprocessing.preprocess(raw, min_num_ratings=2, ml_perf=ml_perf)
+    reference = _reference_order(raw, ml_perf)
+    last = reference.groupby("user", sort=False).tail(1)
+    expected = dict(zip(last["user"], last["item"]))
+    held_out = data.item_ids[data.eval_items]
+    assert held_out.tolist() == [expected[user] for user in data.user_ids]
+    trained = reference.drop(last.index)
+    for user_index in (0, 7, 31):
+        items = trained[trained["user"] == data.user_ids[user_index]]["item"].to_numpy()
+        start, stop = data.train_offsets[user_index : user_index + 2]
+        np.testing.assert_array_equal(data.item_ids[data.train_items[start:stop]], items)
+
+
+def test_ml_perf_order_differs_only_among_ties():
+    raw = _random_ratings(seed=4)
+    plain = data_preprocessing.preprocess(raw, min_num_ratings=2)
+    mlperf = data_preprocessing.preprocess(raw, min_num_ratings=2, ml_perf=True)
+    assert not np.array_equal(plain.eval_items, mlperf.eval_items)  # ties resolved differently
+    np.testing.assert_array_equal(plain.train_offsets, mlperf.train_offsets)
+
+
+def test_generic_duplicates_keep_the_latest():
+    raw = _raw([(1, 5, 1), (1, 6, 2), (1, 5, 9), (1, 7, 3)])
+    data = data_preprocessing.preprocess(raw, min_num_ratings=2, drop_duplicates=True)
+    assert data.item_ids[data.eval_items].tolist() == [5]
+    assert data.item_ids[data.train_items].tolist() == [6, 7]
+
+
+def test_ncf_split_is_used_as_given():
+    split = movielens.NcfSplitFiles(
+        train_users=np.array([1, 0, 0]), train_items=np.array([3, 1, 2]),
+        test_users=np.array([0, 1]), test_items=np.array([0, 1]),
+        test_negatives=np.array([[3, 3], [2, 0]]), sources=("a", "b", "c"),
+    )
+    data = data_preprocessing.from_ncf_split(split)
+    np.testing.assert_array_equal(data.train_offsets, [0, 2, 3])
+    np.testing.assert_array_equal(data.train_items, [1, 2, 3])
+    np.testing.assert_array_equal(data.eval_negatives, [[3, 3], [2, 0]])
+    assert (data.num_users, data.num_items) == (2, 4)
+
+
+def test_ncf_split_rejects_items_outside_training_range():
+    split = movielens.NcfSplitFiles(
+        np.array([0, 1]), np.array([0, 1]), np.array([0, 1]), np.array([0, 5]),
+        np.array([[0], [1]]), ("a", "b", "c"))
+    with pytest.raises(DataError, match="test file has item ids outside"):
+        data_preprocessing.from_ncf_split(split)
+
+
+# ---------------------------------------------------------------------------
+# The cache
+
+
+def _config(data_dir: str, **overrides) -> DataConfig:
+    return DataConfig(dataset="ml-1m", data_dir=data_dir, min_num_ratings=3, **overrides)
+
+
+def _assert_same_data(left, right):
+    for field in dataclasses.fields(left):
+        a, b = getattr(left, field.name), getattr(right, field.name)
+        assert (a is None and b is None) or np.array_equal(a, b), field.name
+
+
+def test_cache_is_built_then_reused(tiny_ml1m):
+    first = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    second = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    assert (first.from_cache, first.reason) == (False, "no cache yet")
+    assert second.from_cache
+    _assert_same_data(first.data, second.data)
+    folder = os.path.join(tiny_ml1m, "ml-1m")
+    assert sorted(os.listdir(folder)) == ["ncf_cache.json", "ncf_cache.npz", "ratings.dat"]
+
+
+def test_cache_survives_a_touch_but_not_an_edit(tiny_ml1m):
+    data_preprocessing.load_or_build(_config(tiny_ml1m))
+    path = os.path.join(tiny_ml1m, "ml-1m", "ratings.dat")
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).from_cache
+    with open(path, "a") as out:
+        out.write("30::504::4::70\n")
+    result = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    assert result.reason == f"source {path} changed"
+    assert result.data.item_ids[result.data.eval_items].tolist() == [501, 504]
+
+
+def test_cache_rebuilt_on_parameter_change_and_age(tiny_ml1m):
+    data_preprocessing.load_or_build(_config(tiny_ml1m))
+    changed = data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True))
+    assert changed.reason == "parameters changed"
+    aged = data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True, cache_max_age_sec=0))
+    assert aged.reason == "cache is older than its maximum age"
+
+
+def test_corrupt_cache_is_rebuilt_with_a_warning(tiny_ml1m, caplog):
+    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    with open(built.cache_path, "r+b") as cache:
+        cache.truncate(os.path.getsize(built.cache_path) // 2)
+    result = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    assert result.reason == "cache was corrupt" and not result.from_cache
+    assert "is corrupt" in caplog.text
+    _assert_same_data(built.data, result.data)
+    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).from_cache
+
+
+def test_bad_source_writes_no_cache(tmp_path):
+    write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS[:2], "dat")
+    with pytest.raises(DataError, match="every user has fewer than 3"):
+        data_preprocessing.load_or_build(_config(str(tmp_path)))
+    assert os.listdir(tmp_path / "ml-1m") == ["ratings.dat"]
+
+
+def test_cache_dir_keeps_the_data_dir_untouched(tiny_ml1m, tmp_path):
+    cache_dir = str(tmp_path / "cache")
+    result = data_preprocessing.load_or_build(_config(tiny_ml1m, cache_dir=cache_dir))
+    assert result.cache_path == os.path.join(cache_dir, "ncf_cache.npz")
+    assert os.listdir(os.path.join(tiny_ml1m, "ml-1m")) == ["ratings.dat"]
+
+
+def test_ncf_split_dataset_through_the_cache(tmp_path):
+    folder = tmp_path / "ncf"
+    folder.mkdir()
+    (folder / "ml-1m.train.rating").write_text("0\t1\t5\n0\t2\t5\n1\t0\t5\n")
+    (folder / "ml-1m.test.rating").write_text("0\t0\t5\t1\n1\t2\t5\t1\n")
+    (folder / "ml-1m.test.negative").write_text("(0,0)\t1\t2\n(1,2)\t0\t1\n")
+    config = DataConfig(dataset="ncf-ml-1m", data_dir=str(tmp_path))
+    built = data_preprocessing.load_or_build(config)
+    loaded = data_preprocessing.load_or_build(config)
+    assert loaded.from_cache
+    _assert_same_data(built.data, loaded.data)
+    np.testing.assert_array_equal(loaded.data.eval_negatives, [[1, 2], [0, 1]])

@@ -1,0 +1,165 @@
+"""--download_if_missing against a local HTTP server and file:// URLs.
+
+GroupLens publishes ``<archive>.md5`` beside each archive; the tests serve the same
+layout from a temporary folder, including broken archives and checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import os
+import socket
+import threading
+import zipfile
+
+import pytest
+from conftest import TINY_ROWS
+
+from recommendation import movielens
+from recommendation.movielens import DataError
+
+
+def _zip_bytes(folder: str, files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, contents in files.items():
+            archive.writestr(f"{folder}/{name}", contents)
+    return buffer.getvalue()
+
+
+RATINGS = "".join(f"{u}::{i}::4::{t}\n" for u, i, t in TINY_ROWS).encode()
+ARCHIVE = _zip_bytes("ml-1m", {"ratings.dat": RATINGS, "movies.dat": b"1::Toy Story::x\n"})
+
+
+def _publish(site, archive_bytes: bytes, md5: str | None = None) -> None:
+    (site / "ml-1m.zip").write_bytes(archive_bytes)
+    digest = md5 or hashlib.md5(archive_bytes).hexdigest()
+    (site / "ml-1m.zip.md5").write_text(f"MD5 (ml-1m.zip) = {digest}\n")
+
+
+class _TruncatingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files, but cuts ``.zip`` bodies off halfway as a dropped connection would."""
+
+    def log_message(self, *args):
+        pass
+
+    def copyfile(self, source, outputfile):
+        data = source.read()
+        if self.path.endswith(".zip"):
+            data = data[: len(data) // 2]
+        outputfile.write(data)
+
+
+@pytest.fixture
+def site(tmp_path):
+    folder = tmp_path / "site"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def http_url(site):
+    """Serves `site` on a free loopback port; yields its base URL."""
+    return _serve(site, http.server.SimpleHTTPRequestHandler)
+
+
+@pytest.fixture
+def truncating_url(site):
+    return _serve(site, _TruncatingHandler)
+
+
+_servers = []
+
+
+def _serve(folder, handler_class):
+    class Handler(handler_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _servers.append(server)
+    return f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+@pytest.fixture(autouse=True)
+def _stop_servers():
+    yield
+    while _servers:
+        server = _servers.pop()
+        server.shutdown()
+        server.server_close()
+
+
+def _leftovers(data_dir) -> list[str]:
+    found = []
+    for root, dirs, files in os.walk(data_dir):
+        found += [os.path.relpath(os.path.join(root, name), data_dir) for name in dirs + files]
+    return sorted(found)
+
+
+def test_downloads_verifies_and_unpacks_over_http(site, http_url, tmp_path):
+    _publish(site, ARCHIVE)
+    data_dir = tmp_path / "data"
+    raw = movielens.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert len(raw) == len(TINY_ROWS)
+    assert _leftovers(data_dir) == ["ml-1m", "ml-1m/movies.dat", "ml-1m/ratings.dat"]
+
+
+def test_downloads_from_file_url(site, tmp_path):
+    _publish(site, ARCHIVE)
+    raw = movielens.read_movielens(str(tmp_path / "data"), "ml-1m", True, site.as_uri())
+    assert len(raw) == len(TINY_ROWS)
+
+
+def test_checksum_mismatch_leaves_nothing(site, http_url, tmp_path):
+    _publish(site, ARCHIVE, md5="0" * 32)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match=r"checksum mismatch for http://.*ml-1m\.zip: GroupLens"):
+        movielens.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert _leftovers(data_dir) == []
+
+
+def test_corrupt_archive_with_matching_checksum_leaves_nothing(site, http_url, tmp_path):
+    corrupt = bytearray(ARCHIVE)
+    corrupt[40:60] = b"\xff" * 20  # damage the first member's data
+    _publish(site, bytes(corrupt))
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match="is a corrupt archive"):
+        movielens.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert _leftovers(data_dir) == []
+
+
+def test_archive_without_ratings_file(site, http_url, tmp_path):
+    _publish(site, _zip_bytes("ml-1m", {"movies.dat": b"x"}))
+    with pytest.raises(DataError, match=r"has no ml-1m/ratings\.dat; it is not the ml-1m archive"):
+        movielens.read_movielens(str(tmp_path / "data"), "ml-1m", True, http_url)
+
+
+def test_interrupted_download_leaves_nothing_that_looks_complete(site, truncating_url, tmp_path):
+    _publish(site, ARCHIVE)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match="could not download|checksum mismatch"):
+        movielens.read_movielens(str(data_dir), "ml-1m", True, truncating_url)
+    assert _leftovers(data_dir) == []
+
+
+def test_offline_names_url_reason_and_what_to_do(tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/"
+    with pytest.raises(DataError) as error:
+        movielens.read_movielens(str(tmp_path / "data"), "ml-1m", True, url)
+    message = str(error.value)
+    assert f"could not download {url}ml-1m.zip.md5" in message
+    assert "Connection refused" in message
+    assert "put ml-1m/ratings.dat (from ml-1m.zip) into DATA_DIR, or use --dataset synthetic" in (
+        message
+    )
+    assert "\n" not in message
