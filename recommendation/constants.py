@@ -29,3 +29,21 @@ RAW_ID_DTYPE = "int64"
 DEFAULT_DATA_DIR = "/tmp/movielens-data/"
 DEFAULT_MODEL_DIR = "/tmp/ncf/"
 MOVIELENS_URL = "https://files.grouplens.org/datasets/movielens/"
+
+# Feature keys of training and evaluation batches (the reference's names).
+VALID_POINT_MASK = "valid_point_mask"
+DUPLICATE_MASK = "duplicate_mask"
+LABELS = "labels"
+
+# The producer/trainer file protocol inside a run folder.
+ALIVE_FILE = "alive.json"  # producer: I am running
+PARAMS_FILE = "params.json"  # trainer: generate this
+PROGRESS_FILE = "progress.json"  # producer: still working (rewritten as work advances)
+READY_FILE = "READY.json"  # producer: this folder is complete
+PRODUCER_LOG = "producer.log"
+EVAL_FOLDER = "eval"
+
+# Training cycles the producer may have written but the trainer not yet consumed.
+CYCLES_TO_BUFFER = 2
+# Shards per cycle: enough for parallel reads, few enough to keep files large.
+NUM_SHARDS = 8

@@ -366,22 +366,34 @@ def _stale_reason(metadata: dict, config: DataConfig) -> str:
     return ""
 
 
+def read_cache(path: str) -> PreprocessedData:
+    """Loads a cache written by `load_or_build` without re-validating it.
+
+    For processes (the data producer) handed a cache the trainer just validated.
+    """
+    return _load_npz(path)[1]
+
+
+def _load_npz(path: str) -> tuple[dict, PreprocessedData]:
+    with tf.io.gfile.GFile(path, "rb") as stream:
+        contents = np.load(io.BytesIO(stream.read()), allow_pickle=False)
+    metadata = json.loads(str(contents["metadata"]))
+    data = PreprocessedData(**{key: contents[key] for key in _ARRAY_KEYS if key in contents})
+    return metadata, data
+
+
 def _read_cache(path: str, config: DataConfig) -> tuple[PreprocessedData | None, str]:
     """Returns (data, "") for a valid cache, else (None, why it must be rebuilt)."""
     if not tf.io.gfile.exists(path):
         return None, "no cache yet"
     try:
-        with tf.io.gfile.GFile(path, "rb") as stream:
-            contents = np.load(io.BytesIO(stream.read()), allow_pickle=False)
-            metadata = json.loads(str(contents["metadata"]))
-            reason = _stale_reason(metadata, config)
-            if reason:
-                return None, reason
-            arrays = {key: contents[key] for key in _ARRAY_KEYS if key in contents}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
+        metadata, data = _load_npz(path)
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as error:
         logging.warning("Preprocessing cache %s is corrupt (%s); rebuilding it", path, error)
         return None, "cache was corrupt"
-    data = PreprocessedData(**arrays)
+    reason = _stale_reason(metadata, config)
+    if reason:
+        return None, reason
     if metadata["statistics"]["num_train_positives"] != data.num_train_positives:
         logging.warning("Preprocessing cache %s does not match its metadata; rebuilding", path)
         return None, "cache was corrupt"

@@ -266,7 +266,8 @@ def write_ratings_csv(ratings: RawRatings, path: str) -> None:
     temp_path = f"{path}.tmp-{os.getpid()}"
     try:
         text = pa.BufferOutputStream()  # pyarrow cannot write to a gfile handle
-        pa_csv.write_csv(table, text, pa_csv.WriteOptions(quoting_style="none", quoting_header="none"))
+        options = pa_csv.WriteOptions(quoting_style="none", quoting_header="none")
+        pa_csv.write_csv(table, text, options)
         with tf.io.gfile.GFile(temp_path, "wb") as out:
             out.write(text.getvalue().to_pybytes())
         tf.io.gfile.rename(temp_path, path, overwrite=True)

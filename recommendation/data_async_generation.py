@@ -1,0 +1,460 @@
+"""The data producer: samples negatives and writes training cycles and the eval set.
+
+Runs as its own process (``python -m recommendation.data_async_generation --run_dir
+DIR``), started by the trainer (`data_pipeline.DataProducer`), so sampling overlaps
+training. The protocol, all inside the run folder:
+
+1. the producer writes ``alive.json``; the trainer answers with ``params.json`` (both
+   written to a temporary name and renamed);
+2. the producer writes the evaluation set once into ``eval/``, then training cycles
+   ``cycle_00000/``, ``cycle_00001/`` ... at most `cycles_to_buffer` ahead of the
+   trainer, which deletes each cycle once it has read it;
+3. each folder holds shards of batch-serialised TFRecords (one record = one whole
+   batch) and, written last by an atomic rename, ``READY.json`` with the batch size
+   and count; the trainer never opens a folder before its ready file exists;
+4. ``progress.json`` is rewritten as work advances, so the trainer can tell a slow
+   producer from a stuck one.
+
+Every piece of random work draws from its own stream (`stat_utils.rng_for`, keyed
+by seed, epoch and chunk), so the files are byte-identical for a given seed whatever
+the number of workers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl import app, flags, logging
+
+from recommendation import constants, data_preprocessing, stat_utils
+from recommendation.data_preprocessing import PreprocessedData
+
+# Stream tags of `stat_utils.rng_for`, one per kind of random work.
+_NEGATIVES, _SHUFFLE, _EVAL = 1, 2, 3
+_CHUNK = 1 << 20  # sampling work unit (points); fixed so output ignores worker count
+_EVAL_CHUNK_USERS = 4096
+_POLL_SEC = 0.05
+
+
+class ProducerStopped(Exception):
+    """The trainer went away or asked the producer to stop."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationParams:
+    """What the trainer asks the producer to generate (``params.json``).
+
+    Attributes:
+        cache_path: Preprocessing cache (`data_preprocessing.read_cache`).
+        batch_size: Training points per batch (global, across replicas).
+        eval_users_per_batch: Evaluation users per batch (each a block of points).
+        num_neg: Negatives per training positive.
+        num_eval_negatives: Sampled negatives per evaluation user (ignored when the
+            dataset has fixed negatives).
+        epochs_per_cycle: Epochs in each training cycle, in order.
+        seed: Base seed of every random stream.
+        num_shards: TFRecord files per folder.
+        cycles_to_buffer: Cycles written ahead of the trainer.
+        num_workers: Threads sampling and writing (about 0.75 x cores).
+    """
+
+    cache_path: str
+    batch_size: int
+    eval_users_per_batch: int
+    num_neg: int
+    num_eval_negatives: int
+    epochs_per_cycle: tuple[int, ...]
+    seed: int
+    num_shards: int = constants.NUM_SHARDS
+    cycles_to_buffer: int = constants.CYCLES_TO_BUFFER
+    num_workers: int = max(1, int(0.75 * (os.cpu_count() or 1)))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GenerationParams:
+        values = json.loads(text)
+        values["epochs_per_cycle"] = tuple(values["epochs_per_cycle"])
+        return cls(**values)
+
+
+def cycle_folder(run_dir: str, cycle: int) -> str:
+    return os.path.join(run_dir, f"cycle_{cycle:05d}")
+
+
+def write_json_atomically(path: str, payload: dict | str) -> None:
+    """Writes `payload` to a temporary name beside `path`, then renames it."""
+    text = payload if isinstance(payload, str) else json.dumps(payload, sort_keys=True)
+    temp_path = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with tf.io.gfile.GFile(temp_path, "w") as out:
+        out.write(text)
+    tf.io.gfile.rename(temp_path, path, overwrite=True)
+
+
+# ---------------------------------------------------------------------------
+# What is generated (pure functions of data, parameters and seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingEpoch:
+    """One shuffled epoch: every positive once plus `num_neg` negatives each.
+
+    Attributes:
+        users, items: `(points,)` int32.
+        labels: `(points,)` bool, True for positives.
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    labels: np.ndarray
+
+
+def training_epoch(
+    data: PreprocessedData,
+    exclusion: stat_utils.ExclusionIndex,
+    num_neg: int,
+    seed: int,
+    epoch: int,
+    pool: concurrent.futures.Executor,
+) -> TrainingEpoch:
+    """Samples negatives for every training positive and shuffles the epoch.
+
+    Negatives are drawn uniformly from the items the user has no training
+    interaction with (the held-out item may be drawn, as in the reference).
+    """
+    positive_users = data.train_users()
+    negative_users = np.repeat(positive_users, num_neg)  # user-major: cache-friendly lookups
+    chunks = range(0, len(negative_users), _CHUNK)
+
+    def sample(start: int) -> np.ndarray:
+        rng = stat_utils.rng_for(seed, _NEGATIVES, epoch, start // _CHUNK)
+        return exclusion.sample(rng, negative_users[start : start + _CHUNK])
+
+    negative_items = np.concatenate(list(pool.map(sample, chunks)) or [np.empty(0, np.int32)])
+    num_points = len(positive_users) + len(negative_users)
+    order = stat_utils.rng_for(seed, _SHUFFLE, epoch).permutation(num_points)
+    users = np.concatenate([positive_users, negative_users])[order]
+    items = np.concatenate([data.train_items, negative_items])[order]
+    labels = order < len(positive_users)
+    return TrainingEpoch(users=users, items=items, labels=labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalBlocks:
+    """Per evaluation user, a block of negatives followed by the held-out item.
+
+    Attributes:
+        users: `(num_users,)` int32.
+        items: `(num_users, block)` int32; the last column is the held-out item, so
+            it loses ties against negatives with the same score (the reference's rule).
+        duplicate_mask: `(num_users, block)` bool; True marks a repeat of an item
+            earlier in the block (the held-out item is never masked).
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    duplicate_mask: np.ndarray
+
+    @property
+    def block_size(self) -> int:
+        return self.items.shape[1]
+
+
+def eval_blocks(data: PreprocessedData, num_eval_negatives: int, seed: int) -> EvalBlocks:
+    """Builds every user's evaluation block.
+
+    Sampled negatives come uniformly, with replacement, from the items the user never
+    interacted with (training or held out). Datasets with fixed negatives (the NCF
+    paper's split) use them as given.
+    """
+    users = np.arange(data.num_users, dtype=np.int32)
+    if data.eval_negatives is not None:
+        negatives = data.eval_negatives.astype(np.int32)
+    else:
+        exclusion = _all_interactions(data)
+        negatives = np.empty((data.num_users, num_eval_negatives), dtype=np.int32)
+        for start in range(0, data.num_users, _EVAL_CHUNK_USERS):
+            chunk = users[start : start + _EVAL_CHUNK_USERS]
+            rng = stat_utils.rng_for(seed, _EVAL, start // _EVAL_CHUNK_USERS)
+            flat = exclusion.sample(rng, np.repeat(chunk, num_eval_negatives))
+            negatives[start : start + len(chunk)] = flat.reshape(len(chunk), -1)
+    # The positive goes first while masking, so a negative equal to it is the one
+    # masked, then moves to the last column.
+    items = np.concatenate([data.eval_items[:, None].astype(np.int32), negatives], axis=1)
+    mask = stat_utils.mask_duplicates(items)
+    return EvalBlocks(
+        users=users, items=np.roll(items, -1, axis=1), duplicate_mask=np.roll(mask, -1, axis=1)
+    )
+
+
+def _all_interactions(data: PreprocessedData) -> stat_utils.ExclusionIndex:
+    """Exclusion index of each user's training items plus the held-out item."""
+    users = np.concatenate([data.train_users(), np.arange(data.num_users, dtype=np.int32)])
+    items = np.concatenate([data.train_items, data.eval_items])
+    order = np.argsort(users, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(users, minlength=data.num_users))])
+    return stat_utils.ExclusionIndex.from_csr(offsets, items[order], data.num_items)
+
+
+# ---------------------------------------------------------------------------
+# How it is written
+
+
+def _bytes_feature(values: np.ndarray) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[values.tobytes()]))
+
+
+def serialize_batch(arrays: dict[str, np.ndarray]) -> bytes:
+    """One whole batch as one record: each array as raw little-endian bytes."""
+    features = {key: _bytes_feature(np.ascontiguousarray(value)) for key, value in arrays.items()}
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def _train_batch(epoch: TrainingEpoch, index: int, batch_size: int) -> dict[str, np.ndarray]:
+    """Batch `index` of `epoch`, zero-padded to `batch_size` with a valid-point mask."""
+    start = index * batch_size
+    stop = min(start + batch_size, len(epoch.users))
+    pad = batch_size - (stop - start)
+    valid = np.zeros(batch_size, dtype=np.uint8)
+    valid[: stop - start] = 1
+    return {
+        constants.USER_COLUMN: np.pad(epoch.users[start:stop], (0, pad)).astype(np.int32),
+        constants.ITEM_COLUMN: np.pad(epoch.items[start:stop], (0, pad)).astype(np.int32),
+        constants.LABELS: np.pad(epoch.labels[start:stop], (0, pad)).astype(np.uint8),
+        constants.VALID_POINT_MASK: valid,
+    }
+
+
+def _eval_batch(blocks: EvalBlocks, index: int, users_per_batch: int) -> dict[str, np.ndarray]:
+    """Users ``index * users_per_batch ...`` as one record; padding users are invalid."""
+    start = index * users_per_batch
+    stop = min(start + users_per_batch, len(blocks.users))
+    pad = users_per_batch - (stop - start)
+    valid = np.zeros(users_per_batch, dtype=np.uint8)
+    valid[: stop - start] = 1
+    return {
+        constants.USER_COLUMN: np.pad(blocks.users[start:stop], (0, pad)).astype(np.int32),
+        constants.ITEM_COLUMN: np.pad(blocks.items[start:stop], ((0, pad), (0, 0))).astype(
+            np.int32
+        ),
+        constants.DUPLICATE_MASK: np.pad(
+            blocks.duplicate_mask[start:stop], ((0, pad), (0, 0)), constant_values=True
+        ).astype(np.uint8),
+        constants.VALID_POINT_MASK: valid,
+    }
+
+
+def shard_name(shard: int) -> str:
+    return f"shard_{shard:03d}.tfrecord"
+
+
+def write_shards(
+    writers: list,
+    make_batch,
+    num_batches: int,
+    pool: concurrent.futures.Executor,
+    first_batch: int = 0,
+) -> None:
+    """Writes ``make_batch(0 .. num_batches - 1)`` as global batches from `first_batch`.
+
+    Global batch ``b`` goes to ``writers[b % len(writers)]``, so reading one record
+    from each shard in turn restores batch order. Each shard is written by one task.
+    """
+    num_shards = len(writers)
+
+    def write_shard(shard: int) -> None:
+        first = first_batch + (shard - first_batch) % num_shards
+        for batch in range(first, first_batch + num_batches, num_shards):
+            writers[shard].write(serialize_batch(make_batch(batch - first_batch)))
+
+    list(pool.map(write_shard, range(num_shards)))
+
+
+def open_writers(folder: str, num_shards: int) -> list:
+    tf.io.gfile.makedirs(folder)
+    return [tf.io.TFRecordWriter(os.path.join(folder, shard_name(s))) for s in range(num_shards)]
+
+
+def close_writers(writers: list) -> None:
+    for writer in writers:
+        writer.close()
+
+
+# ---------------------------------------------------------------------------
+# The producer loop
+
+
+class Producer:
+    """Generates everything `params` asks for into `run_dir`.
+
+    Args:
+        run_dir: The run folder shared with the trainer.
+        params: What to generate.
+        should_stop: Called between pieces of work; True ends the run.
+    """
+
+    def __init__(self, run_dir: str, params: GenerationParams, should_stop) -> None:
+        self.run_dir = run_dir
+        self.params = params
+        self.should_stop = should_stop
+
+    def run(self) -> None:
+        params = self.params
+        self._progress("loading data")
+        data = data_preprocessing.read_cache(params.cache_path)
+        exclusion = stat_utils.ExclusionIndex.from_csr(
+            data.train_offsets, data.train_items, data.num_items
+        )
+        with concurrent.futures.ThreadPoolExecutor(params.num_workers) as pool:
+            self._write_eval(data, pool)
+            epoch = 0
+            for cycle, epochs in enumerate(params.epochs_per_cycle):
+                self._wait_for_room(cycle)
+                self._write_cycle(cycle, epoch, epochs, data, exclusion, pool)
+                epoch += epochs
+        self._progress("done")
+
+    def _write_eval(self, data: PreprocessedData, pool: concurrent.futures.Executor) -> None:
+        params = self.params
+        self._progress("sampling evaluation negatives")
+        start = time.monotonic()
+        blocks = eval_blocks(data, params.num_eval_negatives, params.seed)
+        folder = os.path.join(self.run_dir, constants.EVAL_FOLDER)
+        num_batches = -(-len(blocks.users) // params.eval_users_per_batch)
+        writers = open_writers(folder, params.num_shards)
+        write_shards(
+            writers,
+            lambda b: _eval_batch(blocks, b, params.eval_users_per_batch),
+            num_batches,
+            pool,
+        )
+        close_writers(writers)
+        write_json_atomically(
+            os.path.join(folder, constants.READY_FILE),
+            {
+                "num_batches": num_batches,
+                "users_per_batch": params.eval_users_per_batch,
+                "block_size": blocks.block_size,
+                "num_users": len(blocks.users),
+                "num_shards": params.num_shards,
+            },
+        )
+        logging.info(
+            "Evaluation set: %d users x %d items in %.1f s",
+            len(blocks.users),
+            blocks.block_size,
+            time.monotonic() - start,
+        )
+
+    def _wait_for_room(self, cycle: int) -> None:
+        """Blocks while `cycles_to_buffer` earlier cycles are still unread."""
+        while True:
+            pending = [
+                c
+                for c in range(max(0, cycle - self.params.cycles_to_buffer), cycle)
+                if tf.io.gfile.exists(cycle_folder(self.run_dir, c))
+            ]
+            if len(pending) < self.params.cycles_to_buffer:
+                return
+            if self.should_stop():
+                raise ProducerStopped()
+            time.sleep(_POLL_SEC)
+
+    def _write_cycle(self, cycle, first_epoch, epochs, data, exclusion, pool) -> None:
+        params = self.params
+        folder = cycle_folder(self.run_dir, cycle)
+        start = time.monotonic()
+        writers = open_writers(folder, params.num_shards)
+        batches_per_epoch = 0
+        for offset in range(epochs):
+            if self.should_stop():
+                raise ProducerStopped()
+            self._progress(f"cycle {cycle}: sampling epoch {first_epoch + offset}")
+            epoch = training_epoch(
+                data, exclusion, params.num_neg, params.seed, first_epoch + offset, pool
+            )
+            batches_per_epoch = -(-len(epoch.users) // params.batch_size)
+            self._progress(f"cycle {cycle}: writing epoch {first_epoch + offset}")
+            write_shards(
+                writers,
+                lambda b, e=epoch: _train_batch(e, b, params.batch_size),
+                batches_per_epoch,
+                pool,
+                first_batch=offset * batches_per_epoch,
+            )
+        close_writers(writers)
+        write_json_atomically(
+            os.path.join(folder, constants.READY_FILE),
+            {
+                "cycle": cycle,
+                "epochs": epochs,
+                "batches_per_epoch": batches_per_epoch,
+                "batch_size": params.batch_size,
+                "points_per_epoch": data.num_train_positives * (1 + params.num_neg),
+                "num_shards": params.num_shards,
+            },
+        )
+        self._progress(f"cycle {cycle} ready")
+        logging.info(
+            "Cycle %d: %d epoch(s) of %d batches in %.1f s",
+            cycle,
+            epochs,
+            batches_per_epoch,
+            time.monotonic() - start,
+        )
+
+    def _progress(self, step: str) -> None:
+        write_json_atomically(
+            os.path.join(self.run_dir, constants.PROGRESS_FILE), {"step": step, "time": time.time()}
+        )
+
+
+def wait_for_params(run_dir: str, should_stop) -> GenerationParams:
+    path = os.path.join(run_dir, constants.PARAMS_FILE)
+    while not tf.io.gfile.exists(path):
+        if should_stop():
+            raise ProducerStopped()
+        time.sleep(_POLL_SEC)
+    with tf.io.gfile.GFile(path) as stream:
+        return GenerationParams.from_json(stream.read())
+
+
+def run(run_dir: str, should_stop) -> None:
+    """The producer's life: announce, wait for parameters, generate everything."""
+    write_json_atomically(
+        os.path.join(run_dir, constants.ALIVE_FILE), {"pid": os.getpid(), "time": time.time()}
+    )
+    params = wait_for_params(run_dir, should_stop)
+    Producer(run_dir, params, should_stop).run()
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    run_dir = flags.FLAGS.run_dir
+    parent = os.getppid()
+
+    def trainer_gone() -> bool:
+        # Reparented: the trainer died without stopping us (e.g. kill -9).
+        return os.getppid() != parent or not tf.io.gfile.exists(run_dir)
+
+    try:
+        run(run_dir, trainer_gone)
+    except ProducerStopped:
+        logging.info("Trainer is gone; producer exits")
+        if os.getppid() != parent and tf.io.gfile.exists(run_dir):
+            tf.io.gfile.rmtree(run_dir)  # nobody else will clean up
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    flags.DEFINE_string("run_dir", None, "Run folder shared with the trainer.", required=True)
+    app.run(main)

@@ -1,0 +1,340 @@
+"""The trainer's side of the data pipeline: the producer handle and `tf.data` inputs.
+
+`DataProducer` starts the producer (`data_async_generation`) as a separate process,
+hands it the generation parameters and waits for its ready files. While waiting it
+watches the process and its progress file: if the producer exits or makes no
+progress for `stall_timeout_sec`, the wait raises `ProducerError` naming the exit
+status and the producer's log, so the trainer never hangs and never reads a folder
+before its ready file exists. The producer and the run folder are removed on normal
+exit, on exceptions and on SIGINT/SIGTERM.
+
+The input functions read a folder's shards with parallel, deterministic interleaving,
+parse one record into one whole batch and give static shapes, so steps compile once
+(XLA, TPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import tensorflow as tf
+from absl import logging
+
+from recommendation import constants, data_async_generation
+from recommendation.data_async_generation import GenerationParams
+
+_POLL_SEC = 0.05
+
+
+class ProducerError(RuntimeError):
+    """The data producer died or stopped making progress."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleInfo:
+    """A complete training cycle on disk (from its ready file).
+
+    Attributes:
+        index: Cycle number.
+        folder: Where its shards are.
+        epochs: Epochs it holds.
+        batches_per_epoch: Batches per epoch (the last one padded).
+        batch_size: Points per batch.
+        num_shards: Shard files.
+    """
+
+    index: int
+    folder: str
+    epochs: int
+    batches_per_epoch: int
+    batch_size: int
+    num_shards: int
+
+    @property
+    def num_batches(self) -> int:
+        return self.epochs * self.batches_per_epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalInfo:
+    """The evaluation set on disk (from its ready file).
+
+    Attributes:
+        folder: Where its shards are.
+        num_batches: Records (batches of users).
+        users_per_batch: Users per record (the last record padded).
+        block_size: Items per user: negatives then the held-out item.
+        num_users: Real (unpadded) evaluation users.
+        num_shards: Shard files.
+    """
+
+    folder: str
+    num_batches: int
+    users_per_batch: int
+    block_size: int
+    num_users: int
+    num_shards: int
+
+
+class DataProducer:
+    """Runs the data producer for one training run.
+
+    Use as a context manager::
+
+        with DataProducer(params, run_root) as producer:
+            eval_info = producer.eval_data()
+            for cycle in range(len(params.epochs_per_cycle)):
+                info = producer.cycle(cycle)
+                ...  # train on train_input_fn(info)
+                producer.release(cycle)
+
+    Args:
+        params: What to generate.
+        run_root: Parent of the per-run folder (a unique run id is appended, so runs
+            sharing a data_dir never touch each other's files).
+        use_subprocess: False runs the producer in a thread of this process (debugging).
+        stall_timeout_sec: Longest wait without producer progress before failing.
+    """
+
+    def __init__(self, params: GenerationParams, run_root: str, use_subprocess: bool = True,
+                 stall_timeout_sec: float = 300.0) -> None:
+        self.params = params
+        self.run_dir = os.path.join(run_root, f"ncf_run_{int(time.time())}_{uuid.uuid4().hex[:8]}")
+        self.use_subprocess = use_subprocess
+        self.stall_timeout_sec = stall_timeout_sec
+        self.log_path = os.path.join(self.run_dir, constants.PRODUCER_LOG)
+        self._process: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_error: BaseException | None = None
+        self._stop_thread = threading.Event()
+        self._previous_sigterm = None
+
+    # -- life cycle ---------------------------------------------------------
+
+    def __enter__(self) -> DataProducer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Starts the producer, waits for it to be alive and hands it the parameters."""
+        tf.io.gfile.makedirs(self.run_dir)
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM becomes SystemExit so `stop` still runs and nothing is left behind.
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
+        if self.use_subprocess:
+            with open(self.log_path, "ab") as log:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "recommendation.data_async_generation",
+                     f"--run_dir={self.run_dir}"],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                )
+        else:
+            self._thread = threading.Thread(target=self._run_in_thread, daemon=True,
+                                            name="ncf-data-producer")
+            self._thread.start()
+        self._wait_for_file(os.path.join(self.run_dir, constants.ALIVE_FILE), "start-up")
+        data_async_generation.write_json_atomically(
+            os.path.join(self.run_dir, constants.PARAMS_FILE), self.params.to_json())
+        logging.info("Data producer started (%s); log: %s",
+                     f"pid {self._process.pid}" if self._process else "in-process",
+                     self.log_path)
+
+    def stop(self) -> None:
+        """Stops the producer and removes the run folder (safe to call twice)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._thread is not None:
+            self._stop_thread.set()
+            self._thread.join(timeout=60)
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+        if tf.io.gfile.exists(self.run_dir):
+            tf.io.gfile.rmtree(self.run_dir)
+
+    def _run_in_thread(self) -> None:
+        try:
+            data_async_generation.run(self.run_dir, self._stop_thread.is_set)
+        except data_async_generation.ProducerStopped:
+            pass
+        except BaseException as error:  # reported to the trainer by the next wait
+            logging.exception("Data producer failed")
+            self._thread_error = error
+
+    # -- waiting for data ---------------------------------------------------
+
+    def eval_data(self) -> EvalInfo:
+        """Waits for the evaluation set."""
+        folder = os.path.join(self.run_dir, constants.EVAL_FOLDER)
+        ready = self._wait_for_file(os.path.join(folder, constants.READY_FILE),
+                                    "the evaluation set")
+        return EvalInfo(folder=folder, **ready)
+
+    def cycle(self, index: int) -> CycleInfo:
+        """Waits for training cycle `index` to be complete."""
+        folder = data_async_generation.cycle_folder(self.run_dir, index)
+        ready = self._wait_for_file(os.path.join(folder, constants.READY_FILE),
+                                    f"training cycle {index}")
+        del ready["points_per_epoch"], ready["cycle"]
+        return CycleInfo(index=index, folder=folder, **ready)
+
+    def release(self, index: int) -> None:
+        """Deletes a consumed cycle, making room for the producer to write ahead."""
+        tf.io.gfile.rmtree(data_async_generation.cycle_folder(self.run_dir, index))
+
+    def _wait_for_file(self, path: str, what: str) -> dict:
+        progress_path = os.path.join(self.run_dir, constants.PROGRESS_FILE)
+        last_progress, last_change = None, time.monotonic()
+        while not tf.io.gfile.exists(path):
+            self._check_producer(what)
+            progress = _mtime(progress_path)
+            if progress != last_progress:
+                last_progress, last_change = progress, time.monotonic()
+            elif time.monotonic() - last_change > self.stall_timeout_sec:
+                raise ProducerError(
+                    f"the data producer made no progress for {self.stall_timeout_sec:g} s "
+                    f"while the trainer waited for {what}; see {self.log_path} (raise "
+                    f"--data_stall_timeout_sec if it is just slow)")
+            time.sleep(_POLL_SEC)
+        with tf.io.gfile.GFile(path) as stream:
+            return json.loads(stream.read())
+
+    def _check_producer(self, what: str) -> None:
+        if self._process is not None:
+            status = self._process.poll()
+            if status is not None:
+                raise ProducerError(
+                    f"the data producer exited with status {status} while the trainer waited "
+                    f"for {what}; its log is {self.log_path}:\n{_tail(self.log_path)}")
+        elif self._thread_error is not None:
+            raise ProducerError(f"the data producer failed: {self._thread_error!r}") from (
+                self._thread_error)
+        elif self._thread is not None and not self._thread.is_alive():
+            raise ProducerError(f"the data producer stopped while the trainer waited for {what}")
+
+
+def _raise_system_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return tf.io.gfile.stat(path).mtime_nsec
+    except tf.errors.NotFoundError:
+        return None
+
+
+def _tail(path: str, lines: int = 10) -> str:
+    try:
+        with open(path, errors="replace") as log:
+            return "".join(log.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ---------------------------------------------------------------------------
+# Input functions
+
+
+def _shard_files(folder: str, num_shards: int) -> list[str]:
+    return [os.path.join(folder, data_async_generation.shard_name(s)) for s in range(num_shards)]
+
+
+def _read_records(folder: str, num_shards: int) -> tf.data.Dataset:
+    """Records in batch order: one from each shard in turn, read in parallel."""
+    files = tf.data.Dataset.from_tensor_slices(_shard_files(folder, num_shards))
+    return files.interleave(tf.data.TFRecordDataset, cycle_length=num_shards, block_length=1,
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _decode(record: tf.Tensor, spec: dict[str, tuple[tf.DType, list[int]]]) -> dict:
+    parsed = tf.io.parse_single_example(
+        record, {key: tf.io.FixedLenFeature([], tf.string) for key in spec})
+    return {key: tf.reshape(tf.io.decode_raw(parsed[key], dtype), shape)
+            for key, (dtype, shape) in spec.items()}
+
+
+def train_input_fn(info: CycleInfo) -> tf.data.Dataset:
+    """`(features, labels)` batches of a cycle, in the order they were generated.
+
+    features: ``user_id``, ``item_id`` `(batch,)` int32 and ``valid_point_mask``
+    `(batch,)` bool (False on padding); labels: `(batch,)` float32 (1 = positive).
+    """
+    size = info.batch_size
+    spec = {constants.USER_COLUMN: (tf.int32, [size]),
+            constants.ITEM_COLUMN: (tf.int32, [size]),
+            constants.LABELS: (tf.uint8, [size]),
+            constants.VALID_POINT_MASK: (tf.uint8, [size])}
+
+    def parse(record):
+        batch = _decode(record, spec)
+        features = {constants.USER_COLUMN: batch[constants.USER_COLUMN],
+                    constants.ITEM_COLUMN: batch[constants.ITEM_COLUMN],
+                    constants.VALID_POINT_MASK: tf.cast(batch[constants.VALID_POINT_MASK],
+                                                        tf.bool)}
+        return features, tf.cast(batch[constants.LABELS], tf.float32)
+
+    records = _read_records(info.folder, info.num_shards)
+    return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def eval_input_fn(info: EvalInfo) -> tf.data.Dataset:
+    """Evaluation batches of `users_per_batch` user blocks, flattened to points.
+
+    features: ``user_id``, ``item_id``, ``duplicate_mask`` (bool) and
+    ``valid_point_mask`` (bool, False for padding users), each `(users * block,)`;
+    within each block of `block_size` points the last is the held-out item.
+    """
+    users, block = info.users_per_batch, info.block_size
+    spec = {constants.USER_COLUMN: (tf.int32, [users]),
+            constants.ITEM_COLUMN: (tf.int32, [users * block]),
+            constants.DUPLICATE_MASK: (tf.uint8, [users * block]),
+            constants.VALID_POINT_MASK: (tf.uint8, [users])}
+
+    def parse(record):
+        batch = _decode(record, spec)
+        return {
+            constants.USER_COLUMN: tf.repeat(batch[constants.USER_COLUMN], block),
+            constants.ITEM_COLUMN: batch[constants.ITEM_COLUMN],
+            constants.DUPLICATE_MASK: tf.cast(batch[constants.DUPLICATE_MASK], tf.bool),
+            constants.VALID_POINT_MASK: tf.repeat(
+                tf.cast(batch[constants.VALID_POINT_MASK], tf.bool), block),
+        }
+
+    records = _read_records(info.folder, info.num_shards)
+    return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def synthetic_train_input_fn(batch_size: int, num_users: int, num_items: int,
+                             seed: int = 0, distinct_batches: int = 16) -> tf.data.Dataset:
+    """Endless random batches from memory, for pure throughput runs (no files).
+
+    A few distinct batches are made once and repeated, so the input costs nothing.
+    """
+    generator = tf.random.Generator.from_seed(seed)
+    shape = [distinct_batches, batch_size]
+    features = {
+        constants.USER_COLUMN: generator.uniform(shape, 0, num_users, dtype=tf.int32),
+        constants.ITEM_COLUMN: generator.uniform(shape, 0, num_items, dtype=tf.int32),
+        constants.VALID_POINT_MASK: tf.ones(shape, tf.bool),
+    }
+    labels = tf.cast(generator.uniform(shape, 0, 5, dtype=tf.int32) == 0, tf.float32)
+    return tf.data.Dataset.from_tensor_slices((features, labels)).cache().repeat()
