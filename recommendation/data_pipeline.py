@@ -104,8 +104,13 @@ class DataProducer:
         stall_timeout_sec: Longest wait without producer progress before failing.
     """
 
-    def __init__(self, params: GenerationParams, run_root: str, use_subprocess: bool = True,
-                 stall_timeout_sec: float = 300.0) -> None:
+    def __init__(
+        self,
+        params: GenerationParams,
+        run_root: str,
+        use_subprocess: bool = True,
+        stall_timeout_sec: float = 300.0,
+    ) -> None:
         self.params = params
         self.run_dir = os.path.join(run_root, f"ncf_run_{int(time.time())}_{uuid.uuid4().hex[:8]}")
         self.use_subprocess = use_subprocess
@@ -135,20 +140,30 @@ class DataProducer:
         if self.use_subprocess:
             with open(self.log_path, "ab") as log:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", "recommendation.data_async_generation",
-                     f"--run_dir={self.run_dir}"],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    [
+                        sys.executable,
+                        "-m",
+                        "recommendation.data_async_generation",
+                        f"--run_dir={self.run_dir}",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
                 )
         else:
-            self._thread = threading.Thread(target=self._run_in_thread, daemon=True,
-                                            name="ncf-data-producer")
+            self._thread = threading.Thread(
+                target=self._run_in_thread, daemon=True, name="ncf-data-producer"
+            )
             self._thread.start()
         self._wait_for_file(os.path.join(self.run_dir, constants.ALIVE_FILE), "start-up")
         data_async_generation.write_json_atomically(
-            os.path.join(self.run_dir, constants.PARAMS_FILE), self.params.to_json())
-        logging.info("Data producer started (%s); log: %s",
-                     f"pid {self._process.pid}" if self._process else "in-process",
-                     self.log_path)
+            os.path.join(self.run_dir, constants.PARAMS_FILE), self.params.to_json()
+        )
+        logging.info(
+            "Data producer started (%s); log: %s",
+            f"pid {self._process.pid}" if self._process else "in-process",
+            self.log_path,
+        )
 
     def stop(self) -> None:
         """Stops the producer and removes the run folder (safe to call twice)."""
@@ -182,15 +197,17 @@ class DataProducer:
     def eval_data(self) -> EvalInfo:
         """Waits for the evaluation set."""
         folder = os.path.join(self.run_dir, constants.EVAL_FOLDER)
-        ready = self._wait_for_file(os.path.join(folder, constants.READY_FILE),
-                                    "the evaluation set")
+        ready = self._wait_for_file(
+            os.path.join(folder, constants.READY_FILE), "the evaluation set"
+        )
         return EvalInfo(folder=folder, **ready)
 
     def cycle(self, index: int) -> CycleInfo:
         """Waits for training cycle `index` to be complete."""
         folder = data_async_generation.cycle_folder(self.run_dir, index)
-        ready = self._wait_for_file(os.path.join(folder, constants.READY_FILE),
-                                    f"training cycle {index}")
+        ready = self._wait_for_file(
+            os.path.join(folder, constants.READY_FILE), f"training cycle {index}"
+        )
         del ready["points_per_epoch"], ready["cycle"]
         return CycleInfo(index=index, folder=folder, **ready)
 
@@ -210,7 +227,8 @@ class DataProducer:
                 raise ProducerError(
                     f"the data producer made no progress for {self.stall_timeout_sec:g} s "
                     f"while the trainer waited for {what}; see {self.log_path} (raise "
-                    f"--data_stall_timeout_sec if it is just slow)")
+                    f"--data_stall_timeout_sec if it is just slow)"
+                )
             time.sleep(_POLL_SEC)
         with tf.io.gfile.GFile(path) as stream:
             return json.loads(stream.read())
@@ -221,10 +239,12 @@ class DataProducer:
             if status is not None:
                 raise ProducerError(
                     f"the data producer exited with status {status} while the trainer waited "
-                    f"for {what}; its log is {self.log_path}:\n{_tail(self.log_path)}")
+                    f"for {what}; its log is {self.log_path}:\n{_tail(self.log_path)}"
+                )
         elif self._thread_error is not None:
             raise ProducerError(f"the data producer failed: {self._thread_error!r}") from (
-                self._thread_error)
+                self._thread_error
+            )
         elif self._thread is not None and not self._thread.is_alive():
             raise ProducerError(f"the data producer stopped while the trainer waited for {what}")
 
@@ -259,15 +279,23 @@ def _shard_files(folder: str, num_shards: int) -> list[str]:
 def _read_records(folder: str, num_shards: int) -> tf.data.Dataset:
     """Records in batch order: one from each shard in turn, read in parallel."""
     files = tf.data.Dataset.from_tensor_slices(_shard_files(folder, num_shards))
-    return files.interleave(tf.data.TFRecordDataset, cycle_length=num_shards, block_length=1,
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return files.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=num_shards,
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
 
 
 def _decode(record: tf.Tensor, spec: dict[str, tuple[tf.DType, list[int]]]) -> dict:
     parsed = tf.io.parse_single_example(
-        record, {key: tf.io.FixedLenFeature([], tf.string) for key in spec})
-    return {key: tf.reshape(tf.io.decode_raw(parsed[key], dtype), shape)
-            for key, (dtype, shape) in spec.items()}
+        record, {key: tf.io.FixedLenFeature([], tf.string) for key in spec}
+    )
+    return {
+        key: tf.reshape(tf.io.decode_raw(parsed[key], dtype), shape)
+        for key, (dtype, shape) in spec.items()
+    }
 
 
 def train_input_fn(info: CycleInfo) -> tf.data.Dataset:
@@ -277,22 +305,26 @@ def train_input_fn(info: CycleInfo) -> tf.data.Dataset:
     `(batch,)` bool (False on padding); labels: `(batch,)` float32 (1 = positive).
     """
     size = info.batch_size
-    spec = {constants.USER_COLUMN: (tf.int32, [size]),
-            constants.ITEM_COLUMN: (tf.int32, [size]),
-            constants.LABELS: (tf.uint8, [size]),
-            constants.VALID_POINT_MASK: (tf.uint8, [size])}
+    spec = {
+        constants.USER_COLUMN: (tf.int32, [size]),
+        constants.ITEM_COLUMN: (tf.int32, [size]),
+        constants.LABELS: (tf.uint8, [size]),
+        constants.VALID_POINT_MASK: (tf.uint8, [size]),
+    }
 
     def parse(record):
         batch = _decode(record, spec)
-        features = {constants.USER_COLUMN: batch[constants.USER_COLUMN],
-                    constants.ITEM_COLUMN: batch[constants.ITEM_COLUMN],
-                    constants.VALID_POINT_MASK: tf.cast(batch[constants.VALID_POINT_MASK],
-                                                        tf.bool)}
+        features = {
+            constants.USER_COLUMN: batch[constants.USER_COLUMN],
+            constants.ITEM_COLUMN: batch[constants.ITEM_COLUMN],
+            constants.VALID_POINT_MASK: tf.cast(batch[constants.VALID_POINT_MASK], tf.bool),
+        }
         return features, tf.cast(batch[constants.LABELS], tf.float32)
 
     records = _read_records(info.folder, info.num_shards)
-    return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=True).prefetch(tf.data.AUTOTUNE)
+    return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(
+        tf.data.AUTOTUNE
+    )
 
 
 def eval_input_fn(info: EvalInfo) -> tf.data.Dataset:
@@ -303,10 +335,12 @@ def eval_input_fn(info: EvalInfo) -> tf.data.Dataset:
     within each block of `block_size` points the last is the held-out item.
     """
     users, block = info.users_per_batch, info.block_size
-    spec = {constants.USER_COLUMN: (tf.int32, [users]),
-            constants.ITEM_COLUMN: (tf.int32, [users * block]),
-            constants.DUPLICATE_MASK: (tf.uint8, [users * block]),
-            constants.VALID_POINT_MASK: (tf.uint8, [users])}
+    spec = {
+        constants.USER_COLUMN: (tf.int32, [users]),
+        constants.ITEM_COLUMN: (tf.int32, [users * block]),
+        constants.DUPLICATE_MASK: (tf.uint8, [users * block]),
+        constants.VALID_POINT_MASK: (tf.uint8, [users]),
+    }
 
     def parse(record):
         batch = _decode(record, spec)
@@ -315,16 +349,19 @@ def eval_input_fn(info: EvalInfo) -> tf.data.Dataset:
             constants.ITEM_COLUMN: batch[constants.ITEM_COLUMN],
             constants.DUPLICATE_MASK: tf.cast(batch[constants.DUPLICATE_MASK], tf.bool),
             constants.VALID_POINT_MASK: tf.repeat(
-                tf.cast(batch[constants.VALID_POINT_MASK], tf.bool), block),
+                tf.cast(batch[constants.VALID_POINT_MASK], tf.bool), block
+            ),
         }
 
     records = _read_records(info.folder, info.num_shards)
-    return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=True).prefetch(tf.data.AUTOTUNE)
+    return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(
+        tf.data.AUTOTUNE
+    )
 
 
-def synthetic_train_input_fn(batch_size: int, num_users: int, num_items: int,
-                             seed: int = 0, distinct_batches: int = 16) -> tf.data.Dataset:
+def synthetic_train_input_fn(
+    batch_size: int, num_users: int, num_items: int, seed: int = 0, distinct_batches: int = 16
+) -> tf.data.Dataset:
     """Endless random batches from memory, for pure throughput runs (no files).
 
     A few distinct batches are made once and repeated, so the input costs nothing.

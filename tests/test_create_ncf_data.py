@@ -14,13 +14,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "recommendation.create_ncf_data", *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
 
 
 def test_synthetic_offline_prints_statistics(tmp_path):
-    result = _run("--dataset=synthetic", f"--data_dir={tmp_path}", "--synthetic_num_users=300",
-                  "--synthetic_num_items=200", "--synthetic_num_ratings=12000", "--seed=5")
+    result = _run(
+        "--dataset=synthetic",
+        f"--data_dir={tmp_path}",
+        "--synthetic_num_users=300",
+        "--synthetic_num_items=200",
+        "--synthetic_num_ratings=12000",
+        "--seed=5",
+    )
     assert result.returncode == 0, result.stderr
     assert "users:               300\n" in result.stdout
     assert "training positives:  11,700\n" in result.stdout

@@ -17,7 +17,7 @@ from recommendation.movielens import DataError, RawRatings
 
 
 def _raw(rows) -> RawRatings:
-    users, items, times = (np.array(column, dtype=np.int64) for column in zip(*rows))
+    users, items, times = (np.array(column, dtype=np.int64) for column in zip(*rows, strict=True))
     return RawRatings(users, items, times)
 
 
@@ -62,7 +62,7 @@ def test_holdout_matches_the_reference_sort(ml_perf):
     data = data_preprocessing.preprocess(raw, min_num_ratings=2, ml_perf=ml_perf)
     reference = _reference_order(raw, ml_perf)
     last = reference.groupby("user", sort=False).tail(1)
-    expected = dict(zip(last["user"], last["item"]))
+    expected = dict(zip(last["user"], last["item"], strict=True))
     held_out = data.item_ids[data.eval_items]
     assert held_out.tolist() == [expected[user] for user in data.user_ids]
     trained = reference.drop(last.index)
@@ -89,9 +89,12 @@ def test_generic_duplicates_keep_the_latest():
 
 def test_ncf_split_is_used_as_given():
     split = movielens.NcfSplitFiles(
-        train_users=np.array([1, 0, 0]), train_items=np.array([3, 1, 2]),
-        test_users=np.array([0, 1]), test_items=np.array([0, 1]),
-        test_negatives=np.array([[3, 3], [2, 0]]), sources=("a", "b", "c"),
+        train_users=np.array([1, 0, 0]),
+        train_items=np.array([3, 1, 2]),
+        test_users=np.array([0, 1]),
+        test_items=np.array([0, 1]),
+        test_negatives=np.array([[3, 3], [2, 0]]),
+        sources=("a", "b", "c"),
     )
     data = data_preprocessing.from_ncf_split(split)
     np.testing.assert_array_equal(data.train_offsets, [0, 2, 3])
@@ -102,8 +105,13 @@ def test_ncf_split_is_used_as_given():
 
 def test_ncf_split_rejects_items_outside_training_range():
     split = movielens.NcfSplitFiles(
-        np.array([0, 1]), np.array([0, 1]), np.array([0, 1]), np.array([0, 5]),
-        np.array([[0], [1]]), ("a", "b", "c"))
+        np.array([0, 1]),
+        np.array([0, 1]),
+        np.array([0, 1]),
+        np.array([0, 5]),
+        np.array([[0], [1]]),
+        ("a", "b", "c"),
+    )
     with pytest.raises(DataError, match="test file has item ids outside"):
         data_preprocessing.from_ncf_split(split)
 

@@ -22,7 +22,7 @@ from recommendation.movielens import DataError
 def test_reads_every_published_format(tmp_path, kind, file_format):
     path = write_movielens(str(tmp_path / "ratings"), TINY_ROWS, kind)
     raw = movielens.read_ratings_file(path, file_format)
-    users, items, times = zip(*TINY_ROWS)
+    users, items, times = zip(*TINY_ROWS, strict=True)
     np.testing.assert_array_equal(raw.users, users)
     np.testing.assert_array_equal(raw.items, items)  # 70000 > 65535 survives
     np.testing.assert_array_equal(raw.timestamps, times)
@@ -138,7 +138,8 @@ def test_generic_parquet_without_timestamps(tmp_path):
 def test_generic_missing_column_names_the_fix(tmp_path):
     path = tmp_path / "events.csv"
     path.write_text("user,item\n1,2\n")
-    with pytest.raises(DataError, match=r"no column 'user_id' \(columns: user, item\).*--user_column"):
+    message = r"no column 'user_id' \(columns: user, item\).*--user_column"
+    with pytest.raises(DataError, match=message):
         movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
 
 

@@ -17,11 +17,26 @@ def _parse(*args: str) -> flags.FlagValues:
 
 def test_model_garden_command_line_still_parses():
     parsed = _parse(
-        "--dataset=ml-20m", "--data_dir=/d", "--model_dir=/m", "--clean", "-te", "14",
-        "-bs", "98304", "--eval_batch_size=160000", "--learning_rate=0.00382059",
-        "--beta1=0.783529", "--beta2=0.909003", "--epsilon=1.45439e-07",
-        "--layers=256,256,128,64", "--num_factors=64", "--hr_threshold=0.635", "--ml_perf",
-        "--mlp_regularization=0,0,0,0", "--num_gpus=0", "--distribution_strategy=off",
+        "--dataset=ml-20m",
+        "--data_dir=/d",
+        "--model_dir=/m",
+        "--clean",
+        "-te",
+        "14",
+        "-bs",
+        "98304",
+        "--eval_batch_size=160000",
+        "--learning_rate=0.00382059",
+        "--beta1=0.783529",
+        "--beta2=0.909003",
+        "--epsilon=1.45439e-07",
+        "--layers=256,256,128,64",
+        "--num_factors=64",
+        "--hr_threshold=0.635",
+        "--ml_perf",
+        "--mlp_regularization=0,0,0,0",
+        "--num_gpus=0",
+        "--distribution_strategy=off",
         "--seed=1",
     )
     assert parsed.train_epochs == 14 and parsed.batch_size == 98304
@@ -50,8 +65,13 @@ def test_invalid_flags_are_rejected(args, message):
 
 
 def test_data_config_from_flags():
-    parsed = _parse("--dataset=synthetic", "--synthetic_num_users=50", "--seed=9",
-                    "--min_num_ratings=5", "--cache_dir=/c")
+    parsed = _parse(
+        "--dataset=synthetic",
+        "--synthetic_num_users=50",
+        "--seed=9",
+        "--min_num_ratings=5",
+        "--cache_dir=/c",
+    )
     config = ncf_common.data_config_from_flags(parsed)
     assert config.synthetic.num_users == 50 and config.synthetic.min_ratings_per_user == 5
     assert (config.seed, config.resolved_cache_dir()) == (9, "/c")

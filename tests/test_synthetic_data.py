@@ -58,8 +58,9 @@ def test_planted_preferences_beat_popularity_clearly():
     popularity = np.bincount(items, minlength=spec.num_items).astype(float)
     holdouts = list(last.items())
     rng = np.random.default_rng(0)
-    oracle = _hit_rate(lambda u, i: truth.scores(np.full(len(i), u), i), holdouts, rated,
-                       spec.num_items, rng)
+    oracle = _hit_rate(
+        lambda u, i: truth.scores(np.full(len(i), u), i), holdouts, rated, spec.num_items, rng
+    )
     popular = _hit_rate(lambda u, i: popularity[i], holdouts, rated, spec.num_items, rng)
     assert oracle > popular + 0.15, (oracle, popular)
 
