@@ -32,6 +32,7 @@ from recommendation import constants, data_async_generation
 from recommendation.data_async_generation import GenerationParams
 
 _POLL_SEC = 0.05
+_STARTUP_TIMEOUT_SEC = 120.0
 
 
 class ProducerError(RuntimeError):
@@ -155,7 +156,12 @@ class DataProducer:
                 target=self._run_in_thread, daemon=True, name="ncf-data-producer"
             )
             self._thread.start()
-        self._wait_for_file(os.path.join(self.run_dir, constants.ALIVE_FILE), "start-up")
+        # Importing TensorFlow in a new process takes seconds: allow more than a stall.
+        self._wait_for_file(
+            os.path.join(self.run_dir, constants.ALIVE_FILE),
+            "start-up",
+            timeout_sec=max(self.stall_timeout_sec, _STARTUP_TIMEOUT_SEC),
+        )
         data_async_generation.write_json_atomically(
             os.path.join(self.run_dir, constants.PARAMS_FILE), self.params.to_json()
         )
@@ -215,7 +221,9 @@ class DataProducer:
         """Deletes a consumed cycle, making room for the producer to write ahead."""
         tf.io.gfile.rmtree(data_async_generation.cycle_folder(self.run_dir, index))
 
-    def _wait_for_file(self, path: str, what: str) -> dict:
+    def _wait_for_file(self, path: str, what: str, timeout_sec: float | None = None) -> dict:
+        """Waits for `path`; fails once the producer exits or stalls for `timeout_sec`."""
+        timeout_sec = timeout_sec or self.stall_timeout_sec
         progress_path = os.path.join(self.run_dir, constants.PROGRESS_FILE)
         last_progress, last_change = None, time.monotonic()
         while not tf.io.gfile.exists(path):
@@ -223,9 +231,9 @@ class DataProducer:
             progress = _mtime(progress_path)
             if progress != last_progress:
                 last_progress, last_change = progress, time.monotonic()
-            elif time.monotonic() - last_change > self.stall_timeout_sec:
+            elif time.monotonic() - last_change > timeout_sec:
                 raise ProducerError(
-                    f"the data producer made no progress for {self.stall_timeout_sec:g} s "
+                    f"the data producer made no progress for {timeout_sec:g} s "
                     f"while the trainer waited for {what}; see {self.log_path} (raise "
                     f"--data_stall_timeout_sec if it is just slow)"
                 )

@@ -1,0 +1,254 @@
+"""The producer process and the trainer's side: files, ready files, faults, cleanup."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recommendation import constants, data_pipeline, data_preprocessing, synthetic_data
+from recommendation.data_async_generation import GenerationParams
+from recommendation.data_pipeline import DataProducer, ProducerError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = synthetic_data.SyntheticSpec(num_users=200, num_items=150, num_ratings=8000)
+
+
+@pytest.fixture(scope="module")
+def cache_path(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    config = data_preprocessing.DataConfig(
+        dataset="synthetic", data_dir=str(folder), synthetic=SPEC, seed=3
+    )
+    return data_preprocessing.load_or_build(config).cache_path
+
+
+@pytest.fixture(autouse=True)
+def hang_guard():
+    """Fails a test that would otherwise hang (the property under test is 'no hang')."""
+
+    def on_alarm(signum, frame):
+        raise TimeoutError("test hung")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(240)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _params(cache_path, **overrides) -> GenerationParams:
+    values = dict(
+        cache_path=cache_path,
+        batch_size=1024,
+        eval_users_per_batch=48,
+        num_neg=4,
+        num_eval_negatives=99,
+        epochs_per_cycle=(1, 2),
+        seed=7,
+        num_shards=3,
+    )
+    values.update(overrides)
+    return GenerationParams(**values)
+
+
+def _points_read(dataset) -> tuple[int, int, int]:
+    batches = positives = valid = 0
+    for features, labels in dataset:
+        mask = features[constants.VALID_POINT_MASK].numpy()
+        batches += 1
+        valid += int(mask.sum())
+        positives += int(labels.numpy()[mask].sum())
+        assert labels.numpy()[~mask].sum() == 0
+    return batches, positives, valid
+
+
+def test_cycles_and_eval_through_a_producer_process(cache_path, tmp_path):
+    num_train = data_preprocessing.read_cache(cache_path).num_train_positives
+    with DataProducer(_params(cache_path), str(tmp_path)) as producer:
+        eval_info = producer.eval_data()
+        assert (eval_info.num_users, eval_info.block_size) == (200, 100)
+        blocks = list(data_pipeline.eval_input_fn(eval_info))
+        assert len(blocks) == 5  # ceil(200 / 48)
+        last = blocks[-1]
+        assert last[constants.ITEM_COLUMN].shape == (48 * 100,)
+        assert int(tf.reduce_sum(tf.cast(last[constants.VALID_POINT_MASK], tf.int32))) == (
+            (200 - 4 * 48) * 100
+        )
+        for cycle, epochs in enumerate((1, 2)):
+            info = producer.cycle(cycle)
+            assert info.batches_per_epoch == -(-num_train * 5 // 1024)
+            batches, positives, valid = _points_read(data_pipeline.train_input_fn(info))
+            assert (batches, positives, valid) == (
+                info.num_batches,
+                epochs * num_train,
+                epochs * num_train * 5,
+            )
+            producer.release(cycle)
+        run_dir = producer.run_dir
+        assert os.path.exists(os.path.join(run_dir, constants.PRODUCER_LOG))
+    assert not os.path.exists(run_dir)
+    assert os.listdir(tmp_path) == []
+
+
+def _all_bytes(producer: DataProducer, num_cycles: int) -> dict[str, bytes]:
+    contents = {}
+    folders = [producer.eval_data().folder]
+    for cycle in range(num_cycles):
+        folders.append(producer.cycle(cycle).folder)
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(folder, "*.tfrecord"))):
+            with open(path, "rb") as shard:
+                contents[os.path.relpath(path, producer.run_dir)] = shard.read()
+    return contents
+
+
+def test_same_seed_gives_identical_bytes_whatever_the_worker_count(cache_path, tmp_path):
+    runs = []
+    for workers in (1, 3):
+        params = _params(cache_path, num_workers=workers, cycles_to_buffer=2)
+        with DataProducer(params, str(tmp_path), use_subprocess=False) as producer:
+            runs.append(_all_bytes(producer, 2))
+    assert runs[0].keys() == runs[1].keys() and len(runs[0]) == 9
+    assert runs[0] == runs[1]
+    with DataProducer(_params(cache_path, seed=8), str(tmp_path), use_subprocess=False) as other:
+        assert _all_bytes(other, 2) != runs[0]
+
+
+def test_a_ready_file_always_means_a_complete_folder(cache_path, tmp_path):
+    """A watcher polls as fast as it can; whenever it sees READY, every batch is there."""
+    params = _params(cache_path, epochs_per_cycle=(1, 1, 1, 1), cycles_to_buffer=4, batch_size=256)
+    num_train = data_preprocessing.read_cache(cache_path).num_train_positives
+    expected_batches = -(-num_train * 5 // 256)
+    checked, stop = [], threading.Event()
+
+    def watch(run_dir):
+        while True:
+            last_pass = stop.is_set()
+            for ready in glob.glob(os.path.join(run_dir, "cycle_*", constants.READY_FILE)):
+                folder = os.path.dirname(ready)
+                if folder in checked:
+                    continue
+                records = sum(
+                    1
+                    for _ in tf.data.TFRecordDataset(
+                        sorted(glob.glob(os.path.join(folder, "*.tfrecord")))
+                    )
+                )
+                assert records == expected_batches
+                checked.append(folder)
+            if last_pass:
+                return
+
+    with DataProducer(params, str(tmp_path)) as producer:
+        watcher = threading.Thread(target=watch, args=(producer.run_dir,))
+        watcher.start()
+        for cycle in range(4):
+            producer.cycle(cycle)
+        stop.set()
+        watcher.join()
+    assert len(checked) == 4
+
+
+def test_killed_producer_raises_instead_of_hanging(cache_path, tmp_path):
+    params = _params(cache_path, epochs_per_cycle=(1,) * 50, cycles_to_buffer=1)
+    with DataProducer(params, str(tmp_path), stall_timeout_sec=60) as producer:
+        producer.eval_data()
+        os.kill(producer._process.pid, signal.SIGKILL)
+        with pytest.raises(
+            ProducerError,
+            match=r"exited with status -9 while the trainer "
+            r"waited for training cycle \d+; its log is .*"
+            r"producer\.log",
+        ):
+            for cycle in range(50):
+                producer.cycle(cycle)
+                producer.release(cycle)
+
+
+def test_stalled_producer_raises_after_the_stall_timeout(cache_path, tmp_path):
+    params = _params(cache_path, epochs_per_cycle=(1,) * 50, cycles_to_buffer=1)
+    with DataProducer(params, str(tmp_path), stall_timeout_sec=2) as producer:
+        producer.eval_data()
+        os.kill(producer._process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ProducerError, match="made no progress for 2 s"):
+                for cycle in range(50):
+                    producer.cycle(cycle)
+                    producer.release(cycle)
+        finally:
+            os.kill(producer._process.pid, signal.SIGCONT)
+
+
+def test_crashing_producer_reports_status_and_log(tmp_path):
+    params = _params(str(tmp_path / "missing_cache.npz"))
+    with DataProducer(params, str(tmp_path)) as producer:
+        with pytest.raises(ProducerError, match=r"(?s)exited with status 1 .*missing_cache"):
+            producer.eval_data()
+
+
+_TRAINER = textwrap.dedent("""
+    import sys, time
+    from recommendation.data_async_generation import GenerationParams
+    from recommendation.data_pipeline import DataProducer
+    params = GenerationParams(cache_path=sys.argv[1], batch_size=512, eval_users_per_batch=10,
+                              num_neg=4, num_eval_negatives=9, epochs_per_cycle=(1,) * 9,
+                              seed=1)
+    with DataProducer(params, sys.argv[2]) as producer:
+        producer.eval_data()
+        print(producer._process.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_trainer_signals_leave_no_producer_and_no_files(cache_path, tmp_path, signal_number):
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", _TRAINER, cache_path, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    producer_pid = int(trainer.stdout.readline())
+    trainer.send_signal(signal_number)
+    trainer.wait(timeout=60)
+    for _ in range(600):  # after kill -9 the producer notices its parent is gone
+        if not _alive(producer_pid) and not os.listdir(tmp_path):
+            break
+        time.sleep(0.1)
+    assert not _alive(producer_pid)
+    assert os.listdir(tmp_path) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_two_runs_on_one_folder_use_separate_run_dirs(cache_path, tmp_path):
+    with (
+        DataProducer(_params(cache_path), str(tmp_path), use_subprocess=False) as first,
+        DataProducer(_params(cache_path), str(tmp_path), use_subprocess=False) as second,
+    ):
+        assert first.run_dir != second.run_dir
+        assert first.cycle(0).folder != second.cycle(0).folder
+
+
+def test_synthetic_batches_need_no_files():
+    dataset = data_pipeline.synthetic_train_input_fn(batch_size=64, num_users=10, num_items=20)
+    features, labels = next(iter(dataset))
+    assert features[constants.USER_COLUMN].shape == (64,)
+    assert int(tf.reduce_max(features[constants.ITEM_COLUMN])) < 20
+    assert set(np.unique(labels.numpy())) <= {0.0, 1.0}
