@@ -219,7 +219,7 @@ def serialize_batch(arrays: dict[str, np.ndarray]) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
-def _train_batch(epoch: TrainingEpoch, index: int, batch_size: int) -> dict[str, np.ndarray]:
+def train_batch(epoch: TrainingEpoch, index: int, batch_size: int) -> dict[str, np.ndarray]:
     """Batch `index` of `epoch`, zero-padded to `batch_size` with a valid-point mask."""
     start = index * batch_size
     stop = min(start + batch_size, len(epoch.users))
@@ -234,7 +234,7 @@ def _train_batch(epoch: TrainingEpoch, index: int, batch_size: int) -> dict[str,
     }
 
 
-def _eval_batch(blocks: EvalBlocks, index: int, users_per_batch: int) -> dict[str, np.ndarray]:
+def eval_batch(blocks: EvalBlocks, index: int, users_per_batch: int) -> dict[str, np.ndarray]:
     """Users ``index * users_per_batch ...`` as one record; padding users are invalid."""
     start = index * users_per_batch
     stop = min(start + users_per_batch, len(blocks.users))
@@ -333,7 +333,7 @@ class Producer:
         writers = open_writers(folder, params.num_shards)
         write_shards(
             writers,
-            lambda b: _eval_batch(blocks, b, params.eval_users_per_batch),
+            lambda b: eval_batch(blocks, b, params.eval_users_per_batch),
             num_batches,
             pool,
         )
@@ -386,7 +386,7 @@ class Producer:
             self._progress(f"cycle {cycle}: writing epoch {first_epoch + offset}")
             write_shards(
                 writers,
-                lambda b, e=epoch: _train_batch(e, b, params.batch_size),
+                lambda b, e=epoch: train_batch(e, b, params.batch_size),
                 batches_per_epoch,
                 pool,
                 first_batch=offset * batches_per_epoch,

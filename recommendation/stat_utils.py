@@ -40,18 +40,18 @@ class ExclusionIndex:
         """
         num_users = len(offsets) - 1
         counts = np.diff(offsets)
-        users = np.repeat(np.arange(num_users, dtype=np.int64), counts)
-        order = np.lexsort((items, users))  # sort items within each user
-        sorted_items = items[order].astype(np.int64)
-        rank_in_user = np.arange(len(items), dtype=np.int64) - np.repeat(offsets[:-1], counts)
         num_allowed = num_items - counts
         if len(num_allowed) and num_allowed.min() <= 0:
             user = int(np.argmin(num_allowed))
             raise ValueError(f"user {user} has interacted with every item; nothing to sample")
+        users = np.repeat(np.arange(num_users, dtype=np.int64), counts)
+        # Sorting user * num_items + item sorts items within each user in one pass.
+        keys = np.sort(users * num_items + items)
+        rank_in_user = np.arange(len(keys), dtype=np.int64) - np.repeat(offsets[:-1], counts)
         return cls(
             num_items=num_items,
             offsets=np.asarray(offsets, dtype=np.int64),
-            gaps_key=users * num_items + (sorted_items - rank_in_user),
+            gaps_key=keys - rank_in_user,
             num_allowed=num_allowed.astype(np.int64),
         )
 
