@@ -24,6 +24,7 @@ setup(
         "absl-py>=2.1",
         "typing-extensions>=4.8",
         "mlperf-logging>=4.1,<5",
+        "tensorboard>=2.20",
     ],
     extras_require={
         "test": ["pytest>=8", "ruff>=0.6"],
@@ -31,6 +32,7 @@ setup(
     entry_points={
         "console_scripts": [
             "ncf-create-data=recommendation.create_ncf_data:run_main",
+            "ncf-main=recommendation.ncf_main:run_main",
         ],
     },
 )

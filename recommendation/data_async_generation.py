@@ -60,6 +60,8 @@ class GenerationParams:
         num_eval_negatives: Sampled negatives per evaluation user (ignored when the
             dataset has fixed negatives).
         epochs_per_cycle: Epochs in each training cycle, in order.
+        first_epoch: Number of the first epoch (resumed runs continue the epoch
+            numbering, and so the random streams, where they stopped).
         seed: Base seed of every random stream.
         num_shards: TFRecord files per folder.
         cycles_to_buffer: Cycles written ahead of the trainer.
@@ -73,6 +75,7 @@ class GenerationParams:
     num_eval_negatives: int
     epochs_per_cycle: tuple[int, ...]
     seed: int
+    first_epoch: int = 0
     num_shards: int = constants.NUM_SHARDS
     cycles_to_buffer: int = constants.CYCLES_TO_BUFFER
     num_workers: int = max(1, int(0.75 * (os.cpu_count() or 1)))
@@ -316,7 +319,7 @@ class Producer:
         )
         with concurrent.futures.ThreadPoolExecutor(params.num_workers) as pool:
             self._write_eval(data, pool)
-            epoch = 0
+            epoch = params.first_epoch
             for cycle, epochs in enumerate(params.epochs_per_cycle):
                 self._wait_for_room(cycle)
                 self._write_cycle(cycle, epoch, epochs, data, exclusion, pool)

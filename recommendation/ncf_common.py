@@ -8,12 +8,22 @@ lines without touching the process-wide flags.
 
 from __future__ import annotations
 
-from absl import flags
+import dataclasses
+
+from absl import flags, logging
 
 from official.utils import flags as flags_core
 from official.utils.flags import core
 from recommendation import constants, movielens, synthetic_data
 from recommendation.data_preprocessing import DataConfig
+from recommendation.neumf_model import ModelParams
+
+# What `ncf-main --dataset X` uses for flags left unset: the reference's defaults
+# stop at HR@10 0.164 on ML-1M; these were tuned on this project's CPU runs (see
+# docs/benchmarks.md). The MLPerf ml-20m configuration is scripts/mlperf_ml20m.flags.
+DATASET_DEFAULTS: dict[str, dict[str, object]] = {
+    movielens.ML_1M: {},
+}
 
 
 def define_data_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -125,6 +135,60 @@ def define_data_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class NcfConfig:
+    """One training run, built from flags by `ncf_common.ncf_config_from_flags`.
+
+    Attributes:
+        data: Which data, and how it is prepared.
+        model_dir: Checkpoints, summaries; resumed from unless `clean`.
+        clean: Start from scratch (delete model_dir).
+        train_epochs, epochs_between_evals: Run length and evaluation cadence.
+        batch_size, eval_batch_size: Global batch sizes (points).
+        num_neg, num_eval_negatives: Negatives per positive / per evaluation user.
+        hr_threshold: Stop once HR@top_k reaches it.
+        model: NeuMF and optimiser hyper-parameters (sizes filled in from the data).
+        seed: Fixes data and initialisation (None: random).
+        use_synthetic_data: Train on random in-memory batches, no evaluation.
+        batches_per_step: Training steps per compiled call.
+        enable_xla: XLA-compile the step.
+        distribution_strategy, num_gpus, tpu: Where to run.
+        worker_hosts, task_index: Multi-worker cluster without TF_CONFIG.
+        use_subprocess: Run the data producer as its own process.
+        data_stall_timeout_sec: Longest wait for a stalled producer.
+        benchmark_log_dir, benchmark_test_id: JSON-lines benchmark log.
+        export_dir: Export a SavedModel there at the end.
+        flag_values: Every flag, for the benchmark log.
+    """
+
+    data: DataConfig
+    model_dir: str = constants.DEFAULT_MODEL_DIR
+    clean: bool = False
+    train_epochs: int = 1
+    epochs_between_evals: int = 1
+    batch_size: int = 65536
+    eval_batch_size: int | None = None
+    num_neg: int = 4
+    num_eval_negatives: int = constants.NUM_EVAL_NEGATIVES
+    hr_threshold: float = 1.0
+    model: ModelParams = ModelParams(num_users=0, num_items=0)
+    seed: int | None = None
+    use_synthetic_data: bool = False
+    batches_per_step: int = 1
+    enable_xla: bool = False
+    distribution_strategy: str = "one_device"
+    num_gpus: int | None = None
+    tpu: str | None = None
+    worker_hosts: tuple[str, ...] = ()
+    task_index: int = -1
+    use_subprocess: bool = True
+    data_stall_timeout_sec: float = 300.0
+    benchmark_log_dir: str | None = None
+    benchmark_test_id: str | None = None
+    export_dir: str | None = None
+    flag_values: dict = dataclasses.field(default_factory=dict)
+
+
 def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Every flag of ``ncf_main``: data, model, optimiser, evaluation and run control."""
     fv = flag_values
@@ -179,6 +243,32 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         flag_values=fv,
     )
     flags.DEFINE_boolean("use_xla_for_gpu", False, "Compile with XLA when on GPU.", flag_values=fv)
+    flags.DEFINE_alias("use_xla", "enable_xla", flag_values=fv)
+    flags.DEFINE_integer(
+        "batches_per_step",
+        1,
+        "Training steps per compiled call (fewer Python round trips).",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "sparse_embedding_updates",
+        False,
+        "Update only the embedding rows in each batch (lazy Adam) instead of "
+        "dense Adam over whole tables (the MLPerf reference).",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "use_subprocess",
+        True,
+        "Run the data producer as its own process (false: in-process, for debugging).",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "data_stall_timeout_sec",
+        300.0,
+        "Fail if the data producer makes no progress for this long.",
+        flag_values=fv,
+    )
     for name in (
         "num_factors",
         "num_neg",
@@ -186,6 +276,8 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "top_k",
         "learning_rate",
         "epsilon",
+        "batches_per_step",
+        "data_stall_timeout_sec",
     ):
         core.require_positive(name, flag_values=fv)
     core.require_non_negative("mf_regularization", flag_values=fv)
@@ -265,4 +357,70 @@ def data_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> DataC
         ),
         generic=generic,
         cache_max_age_sec=fv.cache_max_age_sec,
+    )
+
+
+def apply_dataset_defaults(flag_values: flags.FlagValues) -> dict[str, object]:
+    """Sets the tuned defaults of --dataset for flags the user left unset."""
+    applied = {}
+    for name, value in DATASET_DEFAULTS.get(flag_values.dataset, {}).items():
+        if not flag_values[name].present:
+            flag_values[name].value = value
+            applied[name] = value
+    if applied:
+        logging.info("Defaults for %s: %s", flag_values.dataset, applied)
+    return applied
+
+
+def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfConfig:
+    """The `NcfConfig` described by parsed NCF flags (with per-dataset defaults)."""
+    fv = flag_values
+    apply_dataset_defaults(fv)
+    on_gpu = bool(fv.num_gpus) if fv.num_gpus is not None else False
+    model = ModelParams(
+        num_users=0,
+        num_items=0,
+        mf_dim=fv.num_factors,
+        layers=tuple(int(width) for width in fv.layers),
+        mf_regularization=fv.mf_regularization,
+        mlp_regularization=tuple(float(value) for value in fv.mlp_regularization),
+        learning_rate=fv.learning_rate,
+        beta1=fv.beta1,
+        beta2=fv.beta2,
+        epsilon=fv.epsilon,
+        top_k=fv.top_k,
+        sparse_updates=fv.sparse_embedding_updates,
+        dtype=fv.dtype,
+    )
+    return NcfConfig(
+        data=data_config_from_flags(fv),
+        model_dir=fv.model_dir,
+        clean=fv.clean,
+        train_epochs=fv.train_epochs,
+        epochs_between_evals=fv.epochs_between_evals,
+        batch_size=fv.batch_size,
+        eval_batch_size=fv.eval_batch_size,
+        num_neg=fv.num_neg,
+        num_eval_negatives=fv.num_eval_negatives,
+        hr_threshold=fv.hr_threshold,
+        model=model,
+        seed=fv.seed,
+        use_synthetic_data=fv.use_synthetic_data,
+        batches_per_step=fv.batches_per_step,
+        enable_xla=fv.enable_xla or (fv.use_xla_for_gpu and on_gpu),
+        distribution_strategy=fv.distribution_strategy,
+        num_gpus=fv.num_gpus,
+        tpu=fv.tpu,
+        worker_hosts=tuple(fv.worker_hosts or ()),
+        task_index=fv.task_index,
+        use_subprocess=fv.use_subprocess,
+        data_stall_timeout_sec=fv.data_stall_timeout_sec,
+        benchmark_log_dir=fv.benchmark_log_dir,
+        benchmark_test_id=fv.benchmark_test_id,
+        export_dir=fv.export_dir,
+        flag_values={
+            name: fv[name].value
+            for name in fv
+            if fv[name].value is not None and not name.startswith(("help", "?"))
+        },
     )

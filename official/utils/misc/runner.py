@@ -1,0 +1,301 @@
+"""The Estimator contract on TF2: a runner that owns model_dir and calls a model_fn.
+
+``tf.estimator`` is gone from TensorFlow; this keeps its shape so benchmark code keeps
+its structure: a ``model_fn(features, labels, mode, params, state)`` returning a spec,
+and a runner with ``train(input_fn, steps)``, ``evaluate(input_fn, steps)`` and
+``export_saved_model(dir)`` that
+
+- builds the variables once, under a ``tf.distribute`` strategy scope;
+- checkpoints with ``tf.train.CheckpointManager`` and resumes from the latest
+  checkpoint in ``model_dir`` unless asked to start clean;
+- runs several steps per ``tf.function`` call (``steps_per_call``), optionally
+  XLA-compiled, to cut Python overhead;
+- splits each global batch of the input into per-replica slices itself, so static
+  shapes hold on every replica and evaluation blocks never straddle replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import time
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from official.utils.misc import distribution_utils
+
+
+class Mode(enum.Enum):
+    """The reference's ``tf.estimator.ModeKeys``."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "infer"
+
+
+@dataclasses.dataclass
+class ModelState:
+    """The objects holding variables (TF2 keeps them in objects, not in a graph)."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer | None = None
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """What `model_fn` returns (the counterpart of ``tf.estimator.EstimatorSpec``).
+
+    Attributes:
+        mode: The mode it was built for.
+        loss: TRAIN: this replica's share of the global mean loss (plus L2).
+        train_op: TRAIN: the optimiser's update (already applied when eager).
+        metrics: Sums to add up across replicas and batches: TRAIN ``loss_sum`` and
+            ``num_points``; EVAL ``hits``, ``ndcg`` and ``num_users``.
+        predictions: PREDICT: ``logits`` and ``scores`` (probabilities).
+    """
+
+    mode: Mode
+    loss: tf.Tensor | None = None
+    train_op: object = None
+    metrics: dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    predictions: dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+
+
+class Runner:
+    """Trains, evaluates and exports one model in `model_dir`.
+
+    Args:
+        model_fn: ``(features, labels, mode, params, state) -> ModelSpec``.
+        build_state: ``params -> ModelState``; called once inside the strategy scope.
+        params: Passed to both.
+        model_dir: Checkpoints live here (written by the chief only).
+        strategy: The ``tf.distribute`` strategy.
+        steps_per_call: Training steps per ``tf.function`` call.
+        jit_compile: Compile the per-replica step with XLA.
+        keep_checkpoints: Checkpoints kept by the manager.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[..., ModelSpec],
+        build_state: Callable[..., ModelState],
+        params,
+        model_dir: str,
+        strategy: tf.distribute.Strategy,
+        steps_per_call: int = 1,
+        jit_compile: bool = False,
+        keep_checkpoints: int = 3,
+    ) -> None:
+        self.model_fn = model_fn
+        self.params = params
+        self.model_dir = model_dir
+        self.strategy = strategy
+        self.steps_per_call = steps_per_call
+        self.jit_compile = jit_compile
+        self.is_chief = distribution_utils.is_chief(strategy)
+        with strategy.scope():
+            self.state = build_state(params)
+            if self.state.optimizer is not None:
+                self.state.optimizer.build(self.state.model.trainable_variables)
+            self.completed_epochs = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="completed_epochs"
+            )
+        self._checkpoint = tf.train.Checkpoint(
+            model=self.state.model,
+            optimizer=self.state.optimizer,
+            completed_epochs=self.completed_epochs,
+        )
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, self._checkpoint_dir(), max_to_keep=keep_checkpoints
+        )
+        self._train_call = None
+        self._eval_call = None
+
+    @property
+    def global_step(self) -> int:
+        return int(self.state.optimizer.iterations.numpy()) if self.state.optimizer else 0
+
+    # -- checkpoints --------------------------------------------------------
+
+    def _checkpoint_dir(self) -> str:
+        if self.is_chief:
+            return self.model_dir
+        # Every worker must take part in saving; only the chief's copy is kept.
+        task = self.strategy.cluster_resolver.task_id
+        return os.path.join(self.model_dir, f".worker_temp_{task}")
+
+    def restore(self) -> bool:
+        """Restores the latest checkpoint in model_dir, if any; True if one was found."""
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if latest is None:
+            return False
+        self._checkpoint.restore(latest).assert_existing_objects_matched()
+        logging.info(
+            "Resumed from %s (step %d, %d epochs done)",
+            latest,
+            self.global_step,
+            int(self.completed_epochs.numpy()),
+        )
+        return True
+
+    def save_checkpoint(self) -> str | None:
+        """Writes a checkpoint numbered by the global step (all workers must call)."""
+        path = self._manager.save(checkpoint_number=self.global_step)
+        if not self.is_chief:
+            tf.io.gfile.rmtree(self._checkpoint_dir())
+            return None
+        return path
+
+    # -- input --------------------------------------------------------------
+
+    def distribute(self, input_fn: Callable[[], tf.data.Dataset]):
+        """Distributes global batches: replica r of R gets slice r of each batch."""
+        replicas = self.strategy.num_replicas_in_sync
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            dataset = input_fn()
+            if replicas == 1:
+                return dataset
+            local = context.num_replicas_in_sync // context.num_input_pipelines
+            first = context.input_pipeline_id * local
+
+            def slices(*batch):
+                parts = tf.nest.map_structure(
+                    lambda t: tf.reshape(t, [replicas, -1])[first : first + local], batch
+                )
+                return tf.data.Dataset.from_tensor_slices(parts if len(batch) > 1 else parts[0])
+
+            return dataset.flat_map(slices)
+
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+        return self.strategy.distribute_datasets_from_function(dataset_fn, options)
+
+    # -- train / evaluate ---------------------------------------------------
+
+    def _step(self, mode: Mode):
+        def step(batch):
+            features, labels = batch if mode == Mode.TRAIN else (batch, None)
+            spec = self.model_fn(features, labels, mode, self.params, self.state)
+            return spec.metrics
+
+        return tf.function(step, jit_compile=self.jit_compile) if self.jit_compile else step
+
+    def _make_call(self, mode: Mode):
+        step = self._step(mode)
+        strategy = self.strategy
+
+        @tf.function
+        def call(iterator, num_steps):
+            totals = None
+            for _ in tf.range(num_steps):
+                per_replica = strategy.run(step, args=(next(iterator),))
+                sums = {
+                    key: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+                    for key, value in per_replica.items()
+                }
+                totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+            return totals
+
+        return call
+
+    def train(
+        self,
+        input_fn: Callable[[], tf.data.Dataset],
+        steps: int,
+        on_progress: Callable[[int, dict], None] | None = None,
+    ) -> dict[str, float]:
+        """Runs `steps` training steps over ``input_fn()``.
+
+        Args:
+            input_fn: Returns a dataset of global ``(features, labels)`` batches.
+            steps: Steps (global batches) to run.
+            on_progress: Called after each call with (steps done, metric sums so far).
+        Returns:
+            ``loss`` (mean cross-entropy per valid point), ``num_points``, ``seconds``.
+        """
+        if self._train_call is None:
+            self._train_call = self._make_call(Mode.TRAIN)
+        return self._run(
+            self._train_call,
+            input_fn,
+            steps,
+            self.steps_per_call,
+            on_progress,
+            finish=lambda s: {
+                "loss": s["loss_sum"] / max(s["num_points"], 1.0),
+                "num_points": s["num_points"],
+            },
+        )
+
+    def evaluate(self, input_fn: Callable[[], tf.data.Dataset], steps: int) -> dict[str, float]:
+        """Evaluates over `steps` batches; returns ``hr``, ``ndcg``, ``num_users``."""
+        if self._eval_call is None:
+            self._eval_call = self._make_call(Mode.EVAL)
+        return self._run(
+            self._eval_call,
+            input_fn,
+            steps,
+            steps,
+            None,
+            finish=lambda s: {
+                "hr": s["hits"] / max(s["num_users"], 1.0),
+                "ndcg": s["ndcg"] / max(s["num_users"], 1.0),
+                "num_users": s["num_users"],
+            },
+        )
+
+    def _run(self, call, input_fn, steps, per_call, on_progress, finish) -> dict[str, float]:
+        start = time.perf_counter()
+        iterator = iter(self.distribute(input_fn))
+        sums: dict[str, float] = {}
+        done = 0
+        while done < steps:
+            count = min(per_call, steps - done)
+            result = call(iterator, tf.constant(count))
+            for key, value in result.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            done += count
+            if on_progress is not None:
+                on_progress(done, sums)
+        metrics = finish(sums)
+        metrics["seconds"] = time.perf_counter() - start
+        return metrics
+
+    # -- export -------------------------------------------------------------
+
+    def export_saved_model(self, export_dir: str, input_specs: list[tf.TensorSpec]) -> str:
+        """Exports a SavedModel whose ``serving_default`` returns PREDICT predictions.
+
+        Args:
+            export_dir: Destination; written to a temporary sibling folder and renamed,
+                so a reader never sees a half-written export.
+            input_specs: Named specs of the features the signature takes.
+        """
+        model, params, model_fn = self.state.model, self.params, self.model_fn
+        names = [spec.name for spec in input_specs]
+
+        class Serving(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            @tf.function(input_signature=input_specs)
+            def serve(self, *tensors):
+                features = dict(zip(names, tensors, strict=True))
+                return model_fn(
+                    features, None, Mode.PREDICT, params, ModelState(self.model)
+                ).predictions
+
+        module = Serving()
+        temp_dir = f"{export_dir.rstrip('/')}.tmp-{os.getpid()}"
+        if tf.io.gfile.exists(temp_dir):
+            tf.io.gfile.rmtree(temp_dir)
+        tf.saved_model.save(module, temp_dir, signatures={"serving_default": module.serve})
+        if tf.io.gfile.exists(export_dir):
+            tf.io.gfile.rmtree(export_dir)
+        tf.io.gfile.rename(temp_dir, export_dir)
+        return export_dir

@@ -1,0 +1,293 @@
+"""Trains NeuMF in train/eval cycles until HR@k reaches --hr_threshold (``ncf-main``).
+
+    ncf-main --dataset synthetic --train_epochs 3          # offline
+    ncf-main --dataset ml-1m --data_dir DIR                # tuned ML-1M defaults
+
+Flags are parsed here only; `NcfConfig` carries them inward. The loop: prepare the
+data (cached), start the negative-sampling producer, then per cycle of
+--epochs_between_evals epochs train on its shards, checkpoint, evaluate HR/NDCG on
+the held-out items, log, and stop early once the threshold is reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import tensorflow as tf
+from absl import app, flags, logging
+
+from official.utils.logs.logger import BenchmarkLogger
+from official.utils.misc import distribution_utils
+from official.utils.misc.progress import ProgressBar
+from official.utils.misc.runner import ModelState, Runner
+from recommendation import (
+    constants,
+    data_pipeline,
+    data_preprocessing,
+    movielens,
+    ncf_common,
+    neumf_model,
+)
+from recommendation.data_async_generation import GenerationParams
+from recommendation.data_preprocessing import PreprocessedData
+from recommendation.ncf_common import NcfConfig
+from recommendation.neumf_model import ModelParams
+
+
+def _cycles(first_epoch: int, train_epochs: int, epochs_between_evals: int) -> tuple[int, ...]:
+    remaining = range(first_epoch, train_epochs, epochs_between_evals)
+    return tuple(min(epochs_between_evals, train_epochs - start) for start in remaining)
+
+
+def _eval_users_per_batch(config: NcfConfig, block: int, replicas: int) -> int:
+    """Whole users per evaluation batch, a multiple of the replica count."""
+    points = config.eval_batch_size or config.batch_size
+    users = max(1, points // block)
+    return max(replicas, users // replicas * replicas)
+
+
+class _EpochProgress:
+    """One progress bar per epoch, fed with the runner's cumulative step counts."""
+
+    def __init__(self, first_epoch: int, batches_per_epoch: int, show: bool) -> None:
+        self.first_epoch, self.batches = first_epoch, batches_per_epoch
+        self.show = show
+        self.bar: ProgressBar | None = None
+        self.epoch = -1
+
+    def __call__(self, steps_done: int, sums: dict) -> None:
+        if not self.show:
+            return
+        while steps_done > 0 and (steps_done - 1) // self.batches > self.epoch:
+            if self.bar is not None:
+                self.bar.close()
+            self.epoch += 1
+            self.bar = ProgressBar(
+                self.batches, f"epoch {self.first_epoch + self.epoch}", unit=" batches"
+            )
+        self.bar.update(steps_done - self.epoch * self.batches - self.bar.done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(config: NcfConfig) -> dict:
+    """Runs training; returns the summary (best HR/NDCG, epochs, timings)."""
+    start = time.perf_counter()
+    if config.seed is not None:
+        # Same seed, same initial weights; with op determinism, same metrics on CPU.
+        tf.keras.utils.set_random_seed(config.seed)
+        tf.config.experimental.enable_op_determinism()
+    if config.worker_hosts:
+        distribution_utils.configure_cluster(config.worker_hosts, config.task_index)
+    strategy = distribution_utils.get_distribution_strategy(
+        config.distribution_strategy, config.num_gpus, config.tpu
+    )
+    replicas = strategy.num_replicas_in_sync
+    if config.batch_size % replicas:
+        raise ValueError(f"--batch_size {config.batch_size} must divide by {replicas} replicas")
+    data = data_preprocessing.load_or_build(config.data).data
+    block = (
+        data.eval_negatives.shape[1]
+        if data.eval_negatives is not None
+        else config.num_eval_negatives
+    ) + 1
+    model_params = dataclasses.replace(
+        config.model, num_users=data.num_users, num_items=data.num_items, eval_block_size=block
+    )
+    if config.clean and tf.io.gfile.exists(config.model_dir):
+        tf.io.gfile.rmtree(config.model_dir)
+    runner = Runner(
+        neumf_model.model_fn,
+        _build_state,
+        model_params,
+        config.model_dir,
+        strategy,
+        steps_per_call=config.batches_per_step,
+        jit_compile=config.enable_xla,
+    )
+    runner.restore()
+    chief = runner.is_chief
+    benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
+    benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
+    if config.use_synthetic_data:
+        return _run_synthetic(config, data, runner, start)
+    summary = _train_and_evaluate(config, data, runner, block, replicas, benchmark, start)
+    if config.export_dir and chief:
+        runner.export_saved_model(config.export_dir, _serving_specs())
+        summary["export_dir"] = config.export_dir
+    benchmark.log("summary", **summary)
+    return summary
+
+
+def _build_state(params: ModelParams) -> ModelState:
+    return ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
+
+
+def _serving_specs() -> list[tf.TensorSpec]:
+    return [
+        tf.TensorSpec([None], tf.int32, constants.USER_COLUMN),
+        tf.TensorSpec([None], tf.int32, constants.ITEM_COLUMN),
+    ]
+
+
+def _train_and_evaluate(
+    config,
+    data: PreprocessedData,
+    runner: Runner,
+    block: int,
+    replicas: int,
+    benchmark: BenchmarkLogger,
+    start: float,
+) -> dict:
+    first_epoch = int(runner.completed_epochs.numpy())
+    cycles = _cycles(first_epoch, config.train_epochs, config.epochs_between_evals)
+    params = GenerationParams(
+        cache_path=os.path.join(config.data.resolved_cache_dir(), data_preprocessing.CACHE_FILE),
+        batch_size=config.batch_size,
+        eval_users_per_batch=_eval_users_per_batch(config, block, replicas),
+        num_neg=config.num_neg,
+        num_eval_negatives=block - 1,
+        epochs_per_cycle=cycles,
+        seed=config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "big"),
+        first_epoch=first_epoch,
+    )
+    writer = tf.summary.create_file_writer(config.model_dir) if runner.is_chief else None
+    best = {"hr": 0.0, "ndcg": 0.0, "epoch": first_epoch}
+    summary = {
+        "epochs": first_epoch,
+        "time_to_target_s": None,
+        "train_points": 0.0,
+        "train_seconds": 0.0,
+        "wait_seconds": 0.0,
+    }
+    run_root = os.path.join(config.data.resolved_cache_dir(), "runs")
+    with data_pipeline.DataProducer(
+        params, run_root, config.use_subprocess, config.data_stall_timeout_sec
+    ) as producer:
+        eval_info = producer.eval_data()
+        epoch = first_epoch
+        for index, epochs in enumerate(cycles):
+            waited = time.perf_counter()
+            info = producer.cycle(index)
+            summary["wait_seconds"] += time.perf_counter() - waited
+            progress = _EpochProgress(epoch, info.batches_per_epoch, runner.is_chief)
+            train = runner.train(
+                lambda i=info: data_pipeline.train_input_fn(i), info.num_batches, progress
+            )
+            progress.close()
+            producer.release(index)
+            epoch += epochs
+            runner.completed_epochs.assign(epoch)
+            runner.save_checkpoint()
+            evaluation = runner.evaluate(
+                lambda: data_pipeline.eval_input_fn(eval_info), eval_info.num_batches
+            )
+            summary["epochs"] = epoch
+            summary["train_points"] += train["num_points"]
+            summary["train_seconds"] += train["seconds"]
+            rate = train["num_points"] / train["seconds"]
+            logging.info(
+                "epoch %d: loss=%.4f HR@%d=%.4f NDCG@%d=%.4f (%.0f examples/s, eval %.1f s)",
+                epoch - 1,
+                train["loss"],
+                config.model.top_k,
+                evaluation["hr"],
+                config.model.top_k,
+                evaluation["ndcg"],
+                rate,
+                evaluation["seconds"],
+            )
+            if writer is not None:
+                with writer.as_default(step=runner.global_step):
+                    tf.summary.scalar("loss", train["loss"])
+                    tf.summary.scalar("hr", evaluation["hr"])
+                    tf.summary.scalar("ndcg", evaluation["ndcg"])
+                    tf.summary.scalar("examples_per_second", rate)
+            benchmark.log(
+                "evaluation",
+                epoch=epoch - 1,
+                loss=train["loss"],
+                hr=evaluation["hr"],
+                ndcg=evaluation["ndcg"],
+                examples_per_second=rate,
+                global_step=runner.global_step,
+            )
+            if evaluation["hr"] > best["hr"]:
+                best = {"hr": evaluation["hr"], "ndcg": evaluation["ndcg"], "epoch": epoch - 1}
+            if evaluation["hr"] >= config.hr_threshold:
+                summary["time_to_target_s"] = time.perf_counter() - start
+                break
+    summary.update(
+        best_hr=best["hr"],
+        best_ndcg=best["ndcg"],
+        best_epoch=best["epoch"],
+        total_seconds=time.perf_counter() - start,
+        examples_per_second=summary["train_points"] / max(summary["train_seconds"], 1e-9),
+    )
+    return summary
+
+
+def _run_synthetic(config: NcfConfig, data: PreprocessedData, runner: Runner, start: float) -> dict:
+    """Pure throughput: random in-memory batches, the real model and step, no eval."""
+    steps = -(-data.num_train_positives * (1 + config.num_neg) // config.batch_size)
+    progress = _EpochProgress(0, steps, runner.is_chief)
+    result = runner.train(
+        lambda: data_pipeline.synthetic_train_input_fn(
+            config.batch_size, data.num_users, data.num_items, config.seed or 0
+        ),
+        steps * config.train_epochs,
+        progress,
+    )
+    progress.close()
+    return {
+        "epochs": config.train_epochs,
+        "train_points": result["num_points"],
+        "train_seconds": result["seconds"],
+        "best_hr": None,
+        "best_ndcg": None,
+        "examples_per_second": result["num_points"] / result["seconds"],
+        "total_seconds": time.perf_counter() - start,
+    }
+
+
+def summary_line(summary: dict, top_k: int) -> str:
+    """The one-line result a user reads at the end."""
+    if summary.get("best_hr") is None:
+        return (
+            f"synthetic throughput: {summary['examples_per_second']:,.0f} training "
+            f"examples/s over {summary['epochs']} epoch(s)"
+        )
+    target = summary.get("time_to_target_s")
+    reached = f"target reached in {target:.1f} s" if target else "target not reached"
+    return (
+        f"best HR@{top_k}={summary['best_hr']:.4f} NDCG@{top_k}={summary['best_ndcg']:.4f} "
+        f"(epoch {summary['best_epoch']}), {summary['epochs']} epochs, {reached}, "
+        f"{summary['examples_per_second']:,.0f} training examples/s, "
+        f"{summary['total_seconds']:.1f} s in all"
+    )
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = ncf_common.ncf_config_from_flags(flags.FLAGS)
+    try:
+        summary = run(config)
+    except (movielens.DataError, data_pipeline.ProducerError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    print(summary_line(summary, config.model.top_k))
+
+
+def run_main() -> None:
+    """Console-script entry point (``ncf-main``)."""
+    ncf_common.define_ncf_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run_main()

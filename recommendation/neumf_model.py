@@ -1,0 +1,351 @@
+"""NeuMF (He et al., 2017) in Keras 3, its loss, HR/NDCG, and the Estimator-style model_fn.
+
+The network is the reference's: one user and one item embedding table, each of width
+``mf_dim + layers[0] / 2``; the first `mf_dim` columns feed generalised matrix
+factorisation (element-wise product), the rest feed the MLP (concatenation, then Dense
++ ReLU layers); both parts are concatenated into a final Dense(1) logit. Sharing one
+table per side for both parts means one gather instead of two, which the Model Garden
+notes is faster.
+
+This module holds numerics only: no flags, no files, no logging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from official.utils.misc.runner import Mode, ModelSpec, ModelState
+from recommendation import constants
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParams:
+    """Hyper-parameters of NeuMF and its optimiser (the reference's flag names).
+
+    Attributes:
+        num_users, num_items: Embedding table sizes.
+        mf_dim: Width of the GMF part (``--num_factors``).
+        layers: MLP widths; ``layers[0]`` is the concatenated MLP embedding width.
+        mf_regularization: L2 weight on the embedding tables.
+        mlp_regularization: L2 weight of each MLP layer (entry 0 is unused, as in the
+            reference: layer 0 is the embedding concatenation).
+        learning_rate, beta1, beta2, epsilon: Adam.
+        top_k: k of HR@k and NDCG@k.
+        eval_block_size: Items per evaluation user (negatives + the held-out one).
+        sparse_updates: Update only the embedding rows a batch touches (lazy Adam)
+            instead of dense Adam over whole tables (the MLPerf reference).
+        dtype: ``fp32``, ``bf16`` or ``fp16`` compute (variables stay float32).
+    """
+
+    num_users: int
+    num_items: int
+    mf_dim: int = 8
+    layers: tuple[int, ...] = (64, 32, 16, 8)
+    mf_regularization: float = 0.0
+    mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    learning_rate: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    top_k: int = 10
+    eval_block_size: int = constants.NUM_EVAL_NEGATIVES + 1
+    sparse_updates: bool = False
+    dtype: str = "fp32"
+
+    def __post_init__(self):
+        if self.layers[0] % 2:
+            raise ValueError(f"layers[0] must be even, got {self.layers}")
+        if len(self.layers) != len(self.mlp_regularization):
+            raise ValueError(
+                "mlp_regularization needs one value per layer: "
+                f"{self.layers} vs {self.mlp_regularization}"
+            )
+
+
+_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+@keras.saving.register_keras_serializable(package="ncf")
+class GmfBlock(keras.layers.Layer):
+    """Generalised matrix factorisation: the element-wise product of two embeddings.
+
+    Call args:
+        user: `(batch, mf_dim)` user factors.
+        item: `(batch, mf_dim)` item factors.
+    Returns:
+        `(batch, mf_dim)` interaction vector.
+    """
+
+    def call(self, user, item):
+        if user.shape[-1] != item.shape[-1]:
+            raise ValueError(f"user and item widths differ: {user.shape} vs {item.shape}")
+        return user * item
+
+
+@keras.saving.register_keras_serializable(package="ncf")
+class NeuMF(keras.Model):
+    """NeuMF scoring (user, item) pairs.
+
+    Args:
+        num_users, num_items: Table sizes.
+        mf_dim: GMF width.
+        layers: MLP widths, ``layers[0]`` even.
+        mf_regularization: L2 on the embedding tables.
+        mlp_regularization: L2 per MLP layer.
+
+    Call args:
+        inputs: dict with ``user_id`` and ``item_id``, each `(batch,)` int32.
+    Returns:
+        `(batch, 1)` logits.
+    """
+
+    def __init__(
+        self,
+        num_users: int,
+        num_items: int,
+        mf_dim: int = 8,
+        layers: tuple[int, ...] = (64, 32, 16, 8),
+        mf_regularization: float = 0.0,
+        mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_users, self.num_items, self.mf_dim = num_users, num_items, mf_dim
+        self.layer_sizes = tuple(int(width) for width in layers)
+        self.mf_regularization = float(mf_regularization)
+        self.mlp_regularization = tuple(float(value) for value in mlp_regularization)
+        width = mf_dim + self.layer_sizes[0] // 2
+        regularizer = keras.regularizers.L2(mf_regularization) if mf_regularization else None
+        self.user_embedding = keras.layers.Embedding(
+            num_users,
+            width,
+            embeddings_initializer="glorot_uniform",
+            embeddings_regularizer=regularizer,
+            name="embedding_user",
+        )
+        self.item_embedding = keras.layers.Embedding(
+            num_items,
+            width,
+            embeddings_initializer="glorot_uniform",
+            embeddings_regularizer=regularizer,
+            name="embedding_item",
+        )
+        self.gmf = GmfBlock(name="gmf")
+        self.mlp = [
+            keras.layers.Dense(
+                units,
+                activation="relu",
+                name=f"mlp_{index}",
+                kernel_regularizer=keras.regularizers.L2(self.mlp_regularization[index])
+                if self.mlp_regularization[index]
+                else None,
+            )
+            for index, units in enumerate(self.layer_sizes[1:], start=1)
+        ]
+        self.logit = keras.layers.Dense(1, kernel_initializer="lecun_uniform", name="rating")
+
+    def call(self, inputs):
+        user = self.user_embedding(inputs[constants.USER_COLUMN])
+        item = self.item_embedding(inputs[constants.ITEM_COLUMN])
+        gmf = self.gmf(user[:, : self.mf_dim], item[:, : self.mf_dim])
+        mlp = keras.ops.concatenate([user[:, self.mf_dim :], item[:, self.mf_dim :]], axis=-1)
+        for layer in self.mlp:
+            mlp = layer(mlp)
+        return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            num_users=self.num_users,
+            num_items=self.num_items,
+            mf_dim=self.mf_dim,
+            layers=self.layer_sizes,
+            mf_regularization=self.mf_regularization,
+            mlp_regularization=self.mlp_regularization,
+        )
+        return config
+
+
+def build_model(params: ModelParams) -> NeuMF:
+    """Builds NeuMF (variables created) under the compute-dtype policy of `params`."""
+    keras.mixed_precision.set_global_policy(_POLICIES[params.dtype])
+    model = NeuMF(
+        params.num_users,
+        params.num_items,
+        params.mf_dim,
+        params.layers,
+        params.mf_regularization,
+        params.mlp_regularization,
+    )
+    model(
+        {
+            constants.USER_COLUMN: tf.zeros([1], tf.int32),
+            constants.ITEM_COLUMN: tf.zeros([1], tf.int32),
+        }
+    )
+    return model
+
+
+@keras.saving.register_keras_serializable(package="ncf")
+class LazyAdam(keras.optimizers.Adam):
+    """Adam that updates only the embedding rows present in a sparse gradient.
+
+    Rows a batch does not touch keep their weights and moments (dense Adam decays
+    every row's moments each step and so moves rows no example touched). Dense
+    gradients get ordinary Adam.
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        rows, positions = tf.unique(gradient.indices)
+        grad = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
+        index = self._get_variable_index(variable)
+        momentum, velocity = self._momentums[index], self._velocities[index]
+        step = tf.cast(self.iterations + 1, variable.dtype)
+        alpha = (
+            tf.cast(learning_rate, variable.dtype)
+            * tf.sqrt(1 - tf.pow(tf.cast(self.beta_2, variable.dtype), step))
+            / (1 - tf.pow(tf.cast(self.beta_1, variable.dtype), step))
+        )
+        new_m = self.beta_1 * tf.gather(momentum, rows) + (1 - self.beta_1) * grad
+        new_v = self.beta_2 * tf.gather(velocity, rows) + (1 - self.beta_2) * tf.square(grad)
+        self.assign(momentum, tf.IndexedSlices(new_m, rows))
+        self.assign(velocity, tf.IndexedSlices(new_v, rows))
+        self.assign_sub(
+            variable, tf.IndexedSlices(alpha * new_m / (tf.sqrt(new_v) + self.epsilon), rows)
+        )
+
+
+def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
+    """Adam with the reference's hyper-parameters; fp16 adds dynamic loss scaling."""
+    adam = LazyAdam if params.sparse_updates else keras.optimizers.Adam
+    optimizer = adam(
+        learning_rate=params.learning_rate,
+        beta_1=params.beta1,
+        beta_2=params.beta2,
+        epsilon=params.epsilon,
+    )
+    if params.dtype == "fp16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+# ---------------------------------------------------------------------------
+# Loss and metrics
+
+
+def weighted_sigmoid_cross_entropy(
+    logits: tf.Tensor, labels: tf.Tensor, valid: tf.Tensor
+) -> tf.Tensor:
+    """Sum of per-point sigmoid cross-entropy over valid points.
+
+    The reference's softmax over ``[0, logit]`` is the same function:
+    ``softmax([0, z])[1] = sigmoid(z)``.
+    """
+    losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_sum(losses * tf.cast(valid, losses.dtype))
+
+
+def compute_hr_ndcg(
+    logits: tf.Tensor, duplicate_mask: tf.Tensor | None, k: int
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per-user hit (HR@k) and NDCG@k for blocks whose last item is the held-out one.
+
+    The held-out item's rank is the number of other, non-duplicate items scoring at
+    least as high: it sits last in its block and loses ties, as in the reference
+    (whose stable descending sort puts equal scores at lower positions first).
+    Duplicates count once. Example: scores ``[3, 5, 5, 1, 5]`` (held-out last, no
+    duplicates) give rank 3, so HR@3 = 0, HR@4 = 1, NDCG@4 = log(2) / log(5).
+
+    Args:
+        logits: `(users, block)` scores.
+        duplicate_mask: `(users, block)` bool, True for repeats; None for none.
+        k: Cut-off.
+    Returns:
+        `(users,)` float32 hits and NDCGs.
+    """
+    logits = tf.cast(logits, tf.float32)
+    positive = logits[:, -1:]
+    beats = logits[:, :-1] >= positive
+    if duplicate_mask is not None:
+        beats = beats & ~duplicate_mask[:, :-1]
+    rank = tf.reduce_sum(tf.cast(beats, tf.int32), axis=1)
+    hit = tf.cast(rank < k, tf.float32)
+    ndcg = hit * tf.math.log(2.0) / tf.math.log(tf.cast(rank, tf.float32) + 2.0)
+    return hit, ndcg
+
+
+# ---------------------------------------------------------------------------
+# The Estimator-style contract
+
+
+def model_fn(
+    features: dict, labels: tf.Tensor | None, mode: Mode, params: ModelParams, state: ModelState
+) -> ModelSpec:
+    """Builds the TRAIN, EVAL or PREDICT computation for one replica's batch.
+
+    Args:
+        features: ``user_id``, ``item_id`` and ``valid_point_mask`` (TRAIN, EVAL),
+            ``duplicate_mask`` (EVAL: blocks of evaluation items, held-out last).
+        labels: `(batch,)` float 0/1 (TRAIN only).
+        mode: What to build.
+        params: Hyper-parameters.
+        state: The model and optimiser whose variables are used.
+    """
+    if mode == Mode.PREDICT:
+        logits = tf.cast(state.model(features, training=False)[:, 0], tf.float32)
+        return ModelSpec(mode, predictions={"logits": logits, "scores": tf.sigmoid(logits)})
+    if mode == Mode.EVAL:
+        return _eval_spec(features, params, state)
+    return _train_spec(features, labels, params, state)
+
+
+def _train_spec(features, labels, params: ModelParams, state: ModelState) -> ModelSpec:
+    valid = features[constants.VALID_POINT_MASK]
+    context = tf.distribute.get_replica_context()
+    num_valid = tf.reduce_sum(tf.cast(valid, tf.float32))
+    global_valid = context.all_reduce(tf.distribute.ReduceOp.SUM, num_valid)
+    model, optimizer = state.model, state.optimizer
+    with tf.GradientTape() as tape:
+        logits = tf.cast(model(features, training=True)[:, 0], tf.float32)
+        loss_sum = weighted_sigmoid_cross_entropy(logits, labels, valid)
+        loss = loss_sum / tf.maximum(global_valid, 1.0)
+        if model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+    variables = model.trainable_variables
+    gradients = tape.gradient(scaled, variables)
+    if not params.sparse_updates:
+        # MLPerf's reference applies dense Adam to whole embedding tables.
+        gradients = [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
+        ]
+    train_op = optimizer.apply(gradients, variables)
+    return ModelSpec(
+        Mode.TRAIN,
+        loss=loss,
+        train_op=train_op,
+        metrics={"loss_sum": loss_sum, "num_points": num_valid},
+    )
+
+
+def _eval_spec(features, params: ModelParams, state: ModelState) -> ModelSpec:
+    block = params.eval_block_size
+    logits = tf.cast(state.model(features, training=False)[:, 0], tf.float32)
+    logits = tf.reshape(logits, [-1, block])
+    duplicates = tf.reshape(features[constants.DUPLICATE_MASK], [-1, block])
+    valid_users = tf.reshape(features[constants.VALID_POINT_MASK], [-1, block])[:, 0]
+    hit, ndcg = compute_hr_ndcg(logits, duplicates, params.top_k)
+    weight = tf.cast(valid_users, tf.float32)
+    return ModelSpec(
+        Mode.EVAL,
+        metrics={
+            "hits": tf.reduce_sum(hit * weight),
+            "ndcg": tf.reduce_sum(ndcg * weight),
+            "num_users": tf.reduce_sum(weight),
+        },
+    )
