@@ -382,4 +382,4 @@ def synthetic_train_input_fn(
         constants.VALID_POINT_MASK: tf.ones(shape, tf.bool),
     }
     labels = tf.cast(generator.uniform(shape, 0, 5, dtype=tf.int32) == 0, tf.float32)
-    return tf.data.Dataset.from_tensor_slices((features, labels)).cache().repeat()
+    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat()

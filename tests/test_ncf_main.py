@@ -1,0 +1,130 @@
+"""ncf-main end to end on a tiny synthetic dataset (the Flax-style test config)."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recommendation import ncf_main, synthetic_data
+from recommendation.data_preprocessing import DataConfig
+from recommendation.ncf_common import NcfConfig
+from recommendation.neumf_model import ModelParams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = synthetic_data.SyntheticSpec(num_users=300, num_items=200, num_ratings=12_000)
+
+
+def _config(tmp_path, **overrides) -> NcfConfig:
+    values = dict(
+        data=DataConfig(dataset="synthetic", data_dir=str(tmp_path / "data"), synthetic=SPEC),
+        model_dir=str(tmp_path / "model"),
+        train_epochs=2,
+        batch_size=2048,
+        num_eval_negatives=99,
+        seed=1,
+        benchmark_log_dir=str(tmp_path / "bench"),
+        model=ModelParams(
+            num_users=0,
+            num_items=0,
+            mf_dim=8,
+            layers=(16, 8),
+            mlp_regularization=(0.0, 0.0),
+            learning_rate=0.01,
+        ),
+    )
+    values.update(overrides)
+    return NcfConfig(**values)
+
+
+def _records(tmp_path, kind: str) -> list[dict]:
+    with open(tmp_path / "bench" / "benchmark.jsonl") as log:
+        return [record for record in map(json.loads, log) if record["kind"] == kind]
+
+
+def test_trains_evaluates_checkpoints_and_logs(tmp_path):
+    summary = ncf_main.run(_config(tmp_path))
+    assert summary["epochs"] == 2
+    assert 0.0 < summary["best_hr"] <= 1.0 and 0.0 < summary["best_ndcg"] <= summary["best_hr"]
+    assert summary["train_points"] == 2 * (12_000 - 300) * 5
+    evaluations = _records(tmp_path, "evaluation")
+    assert [record["epoch"] for record in evaluations] == [0, 1]
+    assert _records(tmp_path, "run_info")[0]["versions"]["tensorflow"].startswith("2.21")
+    assert glob.glob(str(tmp_path / "model" / "events.out.tfevents.*"))
+    assert os.path.exists(tmp_path / "model" / "checkpoint")
+    assert os.listdir(tmp_path / "data" / "synthetic" / "runs") == []  # producer cleaned up
+
+    resumed = ncf_main.run(_config(tmp_path, train_epochs=3))
+    assert resumed["epochs"] == 3
+    assert [record["epoch"] for record in _records(tmp_path, "evaluation")] == [0, 1, 2]
+
+
+def test_same_seed_same_metrics_on_cpu(tmp_path):
+    first = ncf_main.run(_config(tmp_path / "a", train_epochs=1))
+    second = ncf_main.run(_config(tmp_path / "b", train_epochs=1))
+    assert first["best_hr"] == second["best_hr"]
+    assert first["best_ndcg"] == second["best_ndcg"]
+    loss = [_records(tmp_path / run, "evaluation")[0]["loss"] for run in ("a", "b")]
+    assert loss[0] == loss[1]
+
+
+def test_stops_once_the_threshold_is_reached(tmp_path):
+    summary = ncf_main.run(_config(tmp_path, train_epochs=5, hr_threshold=0.0))
+    assert summary["epochs"] == 1 and summary["time_to_target_s"] > 0
+
+
+def test_synthetic_batches_measure_throughput_only(tmp_path):
+    summary = ncf_main.run(_config(tmp_path, use_synthetic_data=True, train_epochs=1))
+    assert summary["best_hr"] is None and summary["examples_per_second"] > 0
+    assert "throughput" in ncf_main.summary_line(summary, 10)
+
+
+def test_cycles_cover_the_remaining_epochs():
+    assert ncf_main._cycles(0, 5, 2) == (2, 2, 1)
+    assert ncf_main._cycles(3, 5, 2) == (2,)
+    assert ncf_main._cycles(5, 5, 1) == ()
+
+
+@pytest.mark.parametrize("extra,expect_ok", [([], True), (["--layers=15,8"], False)])
+def test_command_line(tmp_path, extra, expect_ok):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recommendation.ncf_main",
+            "--dataset=synthetic",
+            f"--data_dir={tmp_path}",
+            f"--model_dir={tmp_path / 'model'}",
+            "--train_epochs=1",
+            "--synthetic_num_users=200",
+            "--synthetic_num_items=150",
+            "--synthetic_num_ratings=8000",
+            "--batch_size=1024",
+            "--num_eval_negatives=49",
+            "--num_factors=4",
+            "--layers=8,4",
+            "--mlp_regularization=0,0",
+            "--seed=2",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    if expect_ok:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.startswith("best HR@10=")
+    else:
+        assert result.returncode != 0
+        assert "--layers must be positive integers, the first even" in result.stderr
+
+
+def test_config_is_frozen(tmp_path):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _config(tmp_path).batch_size = 1

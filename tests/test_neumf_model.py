@@ -1,0 +1,196 @@
+"""NeuMF: metrics on hand-computed cases, the network, loss masking, lazy Adam."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl.testing import parameterized
+
+from official.utils.misc.runner import Mode, ModelState
+from recommendation import constants, neumf_model
+from recommendation.neumf_model import ModelParams
+
+LN2 = math.log(2)
+
+
+class TextbookMetricsTest(parameterized.TestCase):
+    """4 users, 3 items each, the held-out item (last column) at ranks 2, 1, 3, 3."""
+
+    LOGITS = np.array([[3.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 1.0], [2.0, 3.0, 1.0]])
+
+    @parameterized.named_parameters(
+        ("k1", 1, 1 / 4, 1 / 4),
+        ("k2", 2, 2 / 4, (1 + LN2 / math.log(3)) / 4),
+        ("k3", 3, 1.0, (1 + LN2 / math.log(3) + 2 * LN2 / math.log(4)) / 4),
+    )
+    def test_hr_and_ndcg(self, k, hr, ndcg):
+        hits, gains = neumf_model.compute_hr_ndcg(tf.constant(self.LOGITS), None, k)
+        self.assertAlmostEqual(float(tf.reduce_mean(hits)), hr, places=6)
+        self.assertAlmostEqual(float(tf.reduce_mean(gains)), ndcg, places=6)
+
+
+class TieAndDuplicateTest(parameterized.TestCase):
+    @parameterized.named_parameters(  # held-out item last
+        ("positive_on_top", [[1.0, 2.0, 3.0]], None, 1, 1.0),
+        ("positive_at_bottom", [[3.0, 2.0, 0.0]], None, 2, 0.0),
+        ("ties_go_against_the_positive", [[2.0, 2.0, 2.0]], None, 2, 0.0),
+        ("one_tie_ranks_second", [[2.0, 1.0, 2.0]], None, 2, 1.0),
+        ("a_duplicate_counts_once", [[5.0, 5.0, 1.0, 4.0]], [[0, 1, 0, 0]], 2, 1.0),
+        ("without_the_mask_it_counts_twice", [[5.0, 5.0, 1.0, 4.0]], None, 2, 0.0),
+    )
+    def test_hit(self, logits, mask, k, expected):
+        mask = None if mask is None else tf.constant(np.array(mask, dtype=bool))
+        hits, _ = neumf_model.compute_hr_ndcg(tf.constant(logits), mask, k)
+        self.assertEqual(float(hits[0]), expected)
+
+
+def _brute_force(logits: np.ndarray, mask: np.ndarray, k: int) -> tuple[float, float]:
+    """Sort each block's distinct items by score, best first; equal scores keep their
+    order, so the held-out item (last) ranks after the negatives it ties with."""
+    hits, gains = [], []
+    for row, row_mask in zip(logits, mask, strict=True):
+        kept = [
+            (score, index)
+            for index, (score, masked) in enumerate(zip(row, row_mask, strict=True))
+            if not masked
+        ]
+        order = sorted(kept, key=lambda pair: -pair[0])  # stable
+        position = [index for _, index in order].index(len(row) - 1)
+        hits.append(float(position < k))
+        gains.append(LN2 / math.log(position + 2) if position < k else 0.0)
+    return float(np.mean(hits)), float(np.mean(gains))
+
+
+@pytest.mark.parametrize("k", [1, 5, 10])
+def test_metrics_match_brute_force_with_ties_and_duplicates(k):
+    rng = np.random.default_rng(k)
+    logits = rng.integers(0, 6, (300, 21)).astype(np.float32)  # many ties
+    mask = rng.random((300, 21)) < 0.2
+    mask[:, -1] = False
+    hits, gains = neumf_model.compute_hr_ndcg(tf.constant(logits), tf.constant(mask), k)
+    hr, ndcg = _brute_force(logits, mask, k)
+    assert float(tf.reduce_mean(hits)) == pytest.approx(hr, abs=1e-6)
+    assert float(tf.reduce_mean(gains)) == pytest.approx(ndcg, abs=1e-6)
+
+
+def _params(**overrides) -> ModelParams:
+    values = dict(
+        num_users=7, num_items=11, mf_dim=4, layers=(8, 6, 4), mlp_regularization=(0.0, 0.01, 0.0)
+    )
+    values.update(overrides)
+    return ModelParams(**values)
+
+
+def _features(users, items, valid=None):
+    features = {
+        constants.USER_COLUMN: tf.constant(users, tf.int32),
+        constants.ITEM_COLUMN: tf.constant(items, tf.int32),
+    }
+    if valid is not None:
+        features[constants.VALID_POINT_MASK] = tf.constant(valid)
+    return features
+
+
+def test_network_shape_follows_the_reference():
+    model = neumf_model.build_model(_params())
+    assert model.user_embedding.embeddings.shape == (7, 4 + 8 // 2)
+    assert model.item_embedding.embeddings.shape == (11, 8)
+    assert [layer.units for layer in model.mlp] == [6, 4]
+    assert model.logit.kernel.shape == (4 + 4, 1)
+    assert len(model.losses) == 1  # only mlp_1 has an L2 weight
+
+
+def test_gmf_block_rejects_mismatched_widths():
+    with pytest.raises(ValueError, match="user and item widths differ"):
+        neumf_model.GmfBlock()(tf.zeros([2, 3]), tf.zeros([2, 4]))
+
+
+def test_model_serialization_round_trip(tmp_path):
+    model = neumf_model.build_model(_params())
+    features = _features([0, 3, 6], [1, 10, 5])
+    path = str(tmp_path / "neumf.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    np.testing.assert_allclose(restored(features), model(features), rtol=1e-6)
+    assert restored.layer_sizes == (8, 6, 4) and restored.mf_dim == 4
+
+
+def test_padding_never_reaches_the_loss():
+    params = _params(mlp_regularization=(0.0, 0.0, 0.0))
+    state = ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
+    model = state.model
+    features = _features([1, 2, 3, 4], [1, 2, 3, 4])
+    logits = model(features)[:, 0].numpy()
+    labels = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
+    expected = np.mean(np.logaddexp(0, logits[:2]) - labels[:2] * logits[:2])
+    valid = [True, True, False, False]
+    for padded_labels in ([1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 1.0]):
+        weights = [w.numpy().copy() for w in model.trainable_variables]
+        spec = neumf_model.model_fn(
+            _features([1, 2, 3, 4], [1, 2, 3, 4], valid),
+            tf.constant(padded_labels),
+            Mode.TRAIN,
+            params,
+            state,
+        )
+        assert float(spec.loss) == pytest.approx(expected, rel=1e-5)
+        for variable, value in zip(model.trainable_variables, weights, strict=True):
+            variable.assign(value)  # undo the step so both runs start equal
+
+
+def test_predict_gives_probabilities():
+    params = _params()
+    state = ModelState(neumf_model.build_model(params))
+    spec = neumf_model.model_fn(_features([0, 1], [2, 3]), None, Mode.PREDICT, params, state)
+    np.testing.assert_allclose(
+        spec.predictions["scores"], tf.sigmoid(spec.predictions["logits"]), rtol=1e-6
+    )
+
+
+def _two_steps(sparse: bool):
+    params = _params(sparse_updates=sparse, mlp_regularization=(0.0, 0.0, 0.0))
+    keras.utils.set_random_seed(0)
+    state = ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
+    table = state.model.user_embedding.embeddings
+    initial = table.numpy().copy()
+    for users in ([1, 2], [3, 3]):  # user 1 and 2 only in the first step
+        neumf_model.model_fn(
+            _features(users, [0, 1], [True, True]),
+            tf.constant([1.0, 0.0]),
+            Mode.TRAIN,
+            params,
+            state,
+        )
+    return initial, table.numpy(), state
+
+
+def test_lazy_adam_leaves_rows_outside_the_batch_alone():
+    initial, after, _ = _two_steps(sparse=True)
+    dense_initial, dense_after, _ = _two_steps(sparse=False)
+    np.testing.assert_array_equal(initial, dense_initial)
+    changed = np.flatnonzero(np.any(after != initial, axis=1)).tolist()
+    assert changed == [1, 2, 3]
+    # Dense Adam keeps moving rows 1 and 2 in step two with their momentum; lazy does not.
+    lazy_rows_after_step_one = after[[1, 2]]
+    assert not np.allclose(dense_after[[1, 2]], lazy_rows_after_step_one)
+
+
+def test_lazy_adam_step_matches_the_formula():
+    params = _params(sparse_updates=True, mlp_regularization=(0.0, 0.0, 0.0))
+    optimizer = neumf_model.build_optimizer(params)
+    table = keras.Variable(np.ones((4, 2), np.float32))
+    optimizer.build([table])
+    gradient = tf.IndexedSlices(
+        tf.constant([[0.5, -1.0], [0.5, 1.0]]), tf.constant([2, 2]), tf.constant([4, 2])
+    )
+    optimizer.apply([gradient], [table])
+    g = np.array([1.0, 0.0])  # the two slices of row 2 summed
+    m, v = 0.1 * g, 0.001 * g**2
+    alpha = 0.001 * math.sqrt(1 - 0.999) / (1 - 0.9)
+    expected = np.ones((4, 2))
+    expected[2] -= alpha * m / (np.sqrt(v) + 1e-8)
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5)
