@@ -75,8 +75,21 @@ class _EpochProgress:
             self.bar.close()
 
 
-def run(config: NcfConfig) -> dict:
-    """Runs training; returns the summary (best HR/NDCG, epochs, timings)."""
+@dataclasses.dataclass
+class RunResult:
+    """What `run` returns.
+
+    Attributes:
+        summary: Best HR/NDCG, epochs, timings (what the final line and log show).
+        runner: The trained runner (its model, optimiser and checkpoints).
+    """
+
+    summary: dict
+    runner: Runner
+
+
+def run(config: NcfConfig) -> RunResult:
+    """Runs training as `config` says."""
     start = time.perf_counter()
     if config.seed is not None:
         # Same seed, same initial weights; with op determinism, same metrics on CPU.
@@ -115,13 +128,13 @@ def run(config: NcfConfig) -> dict:
     benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
     benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
     if config.use_synthetic_data:
-        return _run_synthetic(config, data, runner, start)
+        return RunResult(_run_synthetic(config, data, runner, start), runner)
     summary = _train_and_evaluate(config, data, runner, block, replicas, benchmark, start)
     if config.export_dir and chief:
         runner.export_saved_model(config.export_dir, _serving_specs())
         summary["export_dir"] = config.export_dir
     benchmark.log("summary", **summary)
-    return summary
+    return RunResult(summary, runner)
 
 
 def _build_state(params: ModelParams) -> ModelState:
@@ -277,7 +290,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
     try:
-        summary = run(config)
+        summary = run(config).summary
     except (movielens.DataError, data_pipeline.ProducerError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(summary_line(summary, config.model.top_k))

@@ -48,7 +48,7 @@ def _records(tmp_path, kind: str) -> list[dict]:
 
 
 def test_trains_evaluates_checkpoints_and_logs(tmp_path):
-    summary = ncf_main.run(_config(tmp_path))
+    summary = ncf_main.run(_config(tmp_path)).summary
     assert summary["epochs"] == 2
     assert 0.0 < summary["best_hr"] <= 1.0 and 0.0 < summary["best_ndcg"] <= summary["best_hr"]
     assert summary["train_points"] == 2 * (12_000 - 300) * 5
@@ -59,14 +59,14 @@ def test_trains_evaluates_checkpoints_and_logs(tmp_path):
     assert os.path.exists(tmp_path / "model" / "checkpoint")
     assert os.listdir(tmp_path / "data" / "synthetic" / "runs") == []  # producer cleaned up
 
-    resumed = ncf_main.run(_config(tmp_path, train_epochs=3))
+    resumed = ncf_main.run(_config(tmp_path, train_epochs=3)).summary
     assert resumed["epochs"] == 3
     assert [record["epoch"] for record in _records(tmp_path, "evaluation")] == [0, 1, 2]
 
 
 def test_same_seed_same_metrics_on_cpu(tmp_path):
-    first = ncf_main.run(_config(tmp_path / "a", train_epochs=1))
-    second = ncf_main.run(_config(tmp_path / "b", train_epochs=1))
+    first = ncf_main.run(_config(tmp_path / "a", train_epochs=1)).summary
+    second = ncf_main.run(_config(tmp_path / "b", train_epochs=1)).summary
     assert first["best_hr"] == second["best_hr"]
     assert first["best_ndcg"] == second["best_ndcg"]
     loss = [_records(tmp_path / run, "evaluation")[0]["loss"] for run in ("a", "b")]
@@ -74,12 +74,12 @@ def test_same_seed_same_metrics_on_cpu(tmp_path):
 
 
 def test_stops_once_the_threshold_is_reached(tmp_path):
-    summary = ncf_main.run(_config(tmp_path, train_epochs=5, hr_threshold=0.0))
+    summary = ncf_main.run(_config(tmp_path, train_epochs=5, hr_threshold=0.0)).summary
     assert summary["epochs"] == 1 and summary["time_to_target_s"] > 0
 
 
 def test_synthetic_batches_measure_throughput_only(tmp_path):
-    summary = ncf_main.run(_config(tmp_path, use_synthetic_data=True, train_epochs=1))
+    summary = ncf_main.run(_config(tmp_path, use_synthetic_data=True, train_epochs=1)).summary
     assert summary["best_hr"] is None and summary["examples_per_second"] > 0
     assert "throughput" in ncf_main.summary_line(summary, 10)
 
