@@ -167,18 +167,20 @@ def preprocess(
     users, items, timestamps = raw.users, raw.items, raw.timestamps
     if drop_duplicates:
         users, items, timestamps = _drop_repeated_pairs(users, items, timestamps)
-    user_codes, _ = pd.factorize(users)
-    counts = np.bincount(user_codes)
-    keep = counts[user_codes] >= min_num_ratings
-    if not keep.any():
+    user_index, user_ids = pd.factorize(users)  # first-appearance order, as the reference
+    kept_users = np.bincount(user_index) >= min_num_ratings
+    if not kept_users.any():
         raise DataError(
             f"every user has fewer than {min_num_ratings} ratings, so none is left; use a "
             f"larger dataset or lower --min_num_ratings"
         )
-    if not keep.all():
-        users, items = users[keep], items[keep]
+    if not kept_users.all():
+        keep = kept_users[user_index]
+        # Renumbering the kept codes in order keeps first-appearance order.
+        user_index = (np.cumsum(kept_users) - 1)[user_index[keep]]
+        user_ids = user_ids[kept_users]
+        items = items[keep]
         timestamps = None if timestamps is None else timestamps[keep]
-    user_index, user_ids = pd.factorize(users)
     item_index, item_ids = pd.factorize(items)
     order = _time_order(user_index, timestamps, ml_perf)
     sorted_users = user_index[order]

@@ -148,13 +148,43 @@ class NeuMF(keras.Model):
         self.logit = keras.layers.Dense(1, kernel_initializer="lecun_uniform", name="rating")
 
     def call(self, inputs):
-        user = self.user_embedding(inputs[constants.USER_COLUMN])
-        item = self.item_embedding(inputs[constants.ITEM_COLUMN])
+        users, items = inputs[constants.USER_COLUMN], inputs[constants.ITEM_COLUMN]
+        user = self.user_embedding(users)
+        item = self.item_embedding(items)
         gmf = self.gmf(user[:, : self.mf_dim], item[:, : self.mf_dim])
-        mlp = keras.ops.concatenate([user[:, self.mf_dim :], item[:, self.mf_dim :]], axis=-1)
-        for layer in self.mlp:
+        layers = self.mlp
+        if layers and self._project_tables_first(users.shape[0]):
+            mlp = self._first_layer_from_tables(users, items)
+            layers = layers[1:]
+        else:
+            mlp = keras.ops.concatenate([user[:, self.mf_dim :], item[:, self.mf_dim :]], -1)
+        for layer in layers:
             mlp = layer(mlp)
         return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))
+
+    def _project_tables_first(self, batch_size: int | None) -> bool:
+        """Whether the first MLP layer is cheaper applied to the tables than to the batch.
+
+        ``Dense([u; i]) = u W_u + i W_i + b``, and ``u W_u`` for a looked-up row is a row
+        of ``E_user W_u``: multiplying the (users + items) table rows once costs less
+        than multiplying 2 x batch looked-up halves when the batch is the larger. The
+        result and its gradients are the same function of the weights.
+        """
+        return batch_size is not None and self.num_users + self.num_items < 2 * batch_size
+
+    def _first_layer_from_tables(self, users, items):
+        first = self.mlp[0]
+        half = self.layer_sizes[0] // 2
+        kernel = keras.ops.cast(first.kernel, self.compute_dtype)
+        tables = [
+            keras.ops.cast(embedding.embeddings[:, self.mf_dim :], self.compute_dtype)
+            for embedding in (self.user_embedding, self.item_embedding)
+        ]
+        user_part = keras.ops.take(keras.ops.matmul(tables[0], kernel[:half]), users, axis=0)
+        item_part = keras.ops.take(keras.ops.matmul(tables[1], kernel[half:]), items, axis=0)
+        return first.activation(
+            user_part + item_part + keras.ops.cast(first.bias, self.compute_dtype)
+        )
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -194,3 +194,28 @@ def test_lazy_adam_step_matches_the_formula():
     expected = np.ones((4, 2))
     expected[2] -= alpha * m / (np.sqrt(v) + 1e-8)
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5)
+
+
+def test_table_side_first_layer_is_the_same_function():
+    """The fast path (first MLP layer applied to the tables) equals the direct one."""
+    params = _params(num_users=5, num_items=6)  # 11 table rows < 2 x batch of 40
+    model = neumf_model.build_model(params)
+    rng = np.random.default_rng(0)
+    features = _features(rng.integers(0, 5, 40), rng.integers(0, 6, 40))
+    labels = tf.constant(rng.integers(0, 2, 40), tf.float32)
+
+    def loss_and_gradients(fast: bool):
+        model._project_tables_first = lambda batch_size: fast
+        with tf.GradientTape() as tape:
+            logits = model(features)[:, 0]
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        return logits, [tf.convert_to_tensor(g) for g in gradients]
+
+    fast_logits, fast_gradients = loss_and_gradients(True)
+    direct_logits, direct_gradients = loss_and_gradients(False)
+    np.testing.assert_allclose(fast_logits, direct_logits, rtol=1e-5, atol=1e-6)
+    for fast, direct in zip(fast_gradients, direct_gradients, strict=True):
+        np.testing.assert_allclose(fast, direct, rtol=1e-4, atol=1e-6)
+    del model._project_tables_first
+    assert model._project_tables_first(40) and not model._project_tables_first(5)
