@@ -1,0 +1,282 @@
+"""Training benchmark: this project against the TensorFlow Model Garden NCF, one run.
+
+Suites (each prints a table; both systems run on this machine, in this run):
+
+- ``throughput``: training examples/s at the MLPerf model size (factors 64, layers
+  256-256-128-64, batch 65536) on synthetic batches, ours vs the peer, and the share
+  of the CPU's peak FLOP/s that is (model FLOPs as the reference counts them).
+- ``time_to_target``: wall time from a cold start (preprocessing included) to HR@10
+  >= --target on ML-1M (999 evaluation negatives), ours vs the peer; also the time our
+  trainer waited for data after the first cycle, as a share of its step time.
+- ``paper``: the NCF paper protocol (``ncf-ml-1m`` split, 99 fixed negatives) at
+  factors 8 and 64, beside the paper's Table 2 (NeuMF without pre-training).
+
+    python scripts/benchmark_training.py --suite throughput --suite time_to_target \
+        --ratings ../shared/data/ml-1m/ratings.dat --peer ../shared/peer/ncf_official.sh
+    python scripts/benchmark_training.py --suite paper --ncf_dir ../shared/data/ncf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]
+PAPER_TABLE2 = {8: (0.688, 0.410), 64: (0.705, 0.426)}  # NeuMF without pre-training
+
+
+def model_flops_per_example(factors: int, layers: list[int]) -> int:
+    """Forward + backward FLOPs of one example, counted as the reference computes it.
+
+    Multiply-adds of the MLP and the final layer, x2 for FLOPs, x3 for forward plus
+    the two backward products (the element-wise GMF and the lookups are ignored).
+    """
+    macs = sum(a * b for a, b in zip(layers[:-1], layers[1:], strict=True))
+    macs += factors + layers[-1]
+    return 2 * 3 * macs
+
+
+def cpu_peak_flops() -> tuple[float, str]:
+    """Theoretical fp32 peak: cores x max clock x 32 FLOP/cycle (2 AVX2 FMA units)."""
+    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    found = re.search(r"CPU max MHz:\s*([\d.]+)", text) or re.search(r"CPU MHz:\s*([\d.]+)", text)
+    mhz = float(found.group(1)) if found else 2500.0
+    cores = os.cpu_count() or 1
+    source = "lscpu" if found else "assumed 2.5 GHz"
+    return cores * mhz * 1e6 * 32, f"{cores} cores x {mhz:.0f} MHz ({source}) x 32 FLOP/cycle"
+
+
+def _ours(args: list[str], log_path: str) -> tuple[float, str]:
+    """Runs ncf-main; returns (wall seconds, its output)."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        subprocess.run(
+            [sys.executable, "-m", "recommendation.ncf_main", *args],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+    with open(log_path) as log:
+        return time.perf_counter() - start, log.read()
+
+
+def _peer(peer: str, args: list[str], log_path: str, timeout: float) -> tuple[float, str]:
+    """Runs the Model Garden NCF (killed after `timeout` s); returns (seconds, log)."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            ["bash", peer, "run", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+    with open(log_path) as log:
+        return time.perf_counter() - start, log.read()
+
+
+def _ml1m_data_dir(ratings: str, work: str, name: str) -> str:
+    """A fresh data dir holding a link to `ratings` as ml-1m/ratings.dat (no cache)."""
+    data_dir = os.path.join(work, name)
+    os.makedirs(os.path.join(data_dir, "ml-1m"))
+    os.symlink(os.path.abspath(ratings), os.path.join(data_dir, "ml-1m", "ratings.dat"))
+    return data_dir
+
+
+def throughput(args, work: str) -> None:
+    data_dir = _ml1m_data_dir(args.ratings, work, "throughput_data")
+    flags = MLPERF_MODEL + [
+        "--batch_size=65536",
+        "--use_synthetic_data",
+        "--train_epochs=2",
+        "--dataset=ml-1m",
+        f"--data_dir={data_dir}",
+        f"--model_dir={work}/ours",
+        "--clean",
+    ]
+    rows = []
+    for name, extra in (
+        ("ours (fp32)", []),
+        ("ours (fp32, XLA, 8 steps/call)", ["--enable_xla", "--batches_per_step=8"]),
+    ):
+        _, log = _ours(flags + extra, f"{work}/{len(rows)}.log")
+        rate = float(re.search(r"throughput: ([\d,]+)", log).group(1).replace(",", ""))
+        rows.append((name, rate))
+    if args.peer:
+        peer_flags = [
+            "--dataset=ml-1m",
+            f"--data_dir={args.peer_data}",
+            "--clean",
+            f"--model_dir={work}/peer",
+            "--num_gpus=0",
+            "--distribution_strategy=off",
+            "--download_if_missing=false",
+            "--train_epochs=1",
+            "--use_synthetic_data",
+            "--batch_size=65536",
+            "--eval_batch_size=160000",
+            *MLPERF_MODEL,
+        ]
+        _, log = _peer(args.peer, peer_flags, f"{work}/peer.log", args.peer_seconds)
+        rates = [float(v) for v in re.findall(r"([\d.]+) examples/second", log)]
+        if rates:
+            rows.append(("Model Garden NCF (TF 2.15, Keras fit)", sum(rates) / len(rates)))
+    peak, peak_source = cpu_peak_flops()
+    flops = model_flops_per_example(64, [256, 256, 128, 64])
+    print(
+        f"\nthroughput, MLPerf model size, batch 65536, synthetic batches ({flops:,} model "
+        f"FLOP/example; peak {peak / 1e9:.0f} GFLOP/s = {peak_source})"
+    )
+    print(f"{'system':<40} {'examples/s':>12} {'GFLOP/s':>8} {'of peak':>8}")
+    for name, rate in rows:
+        print(f"{name:<40} {rate:>12,.0f} {rate * flops / 1e9:>8.1f} {rate * flops / peak:>8.1%}")
+    if args.peer and len(rows) == 3:
+        print(f"ours / peer: {rows[1][1] / rows[2][1]:.2f}x (target >= 1.3x)")
+
+
+def time_to_target(args, work: str) -> None:
+    data_dir = _ml1m_data_dir(args.ratings, work, "cold_data")
+    ours_seconds, log = _ours(
+        [
+            "--dataset=ml-1m",
+            f"--data_dir={data_dir}",
+            f"--model_dir={work}/ttt",
+            "--clean",
+            "--train_epochs=20",
+            f"--hr_threshold={args.target}",
+            "--seed=1",
+            f"--benchmark_log_dir={work}/ttt",
+        ],
+        f"{work}/ttt.log",
+    )
+    summary = _last_summary(f"{work}/ttt/benchmark.jsonl")
+    print(
+        f"\ntime to HR@10 >= {args.target} on ML-1M from a cold start (preprocessing "
+        "included; 999 evaluation negatives)"
+    )
+    print(f"{'system':<40} {'wall s':>8} {'epochs':>7} {'best HR@10':>11}")
+    print(
+        f"{'ours (ML-1M defaults)':<40} {ours_seconds:>8.1f} {summary['epochs']:>7} "
+        f"{summary['best_hr']:>11.4f}"
+    )
+    print(
+        f"trainer wait for data after the first cycle: {summary['wait_seconds']:.2f} s = "
+        f"{summary['wait_seconds'] / summary['train_seconds']:.2%} of training step time "
+        f"(first cycle: {summary['first_wait_seconds']:.1f} s)"
+    )
+    if args.peer:
+        peer_flags = [
+            "--dataset=ml-1m",
+            f"--data_dir={args.peer_data}",
+            "--clean",
+            f"--model_dir={work}/peer_ttt",
+            "--num_gpus=0",
+            "--distribution_strategy=off",
+            "--download_if_missing=false",
+            "--train_epochs=20",
+            f"--hr_threshold={args.target}",
+            "--batch_size=16384",
+            "--learning_rate=0.001",
+            *MLPERF_MODEL,
+        ]
+        shutil.rmtree(
+            os.path.join(args.peer_data, "ml-1m", "raw_data_cache_py3.pickle"), ignore_errors=True
+        )
+        peer_seconds, log = _peer(
+            args.peer, peer_flags, f"{work}/peer_ttt.log", args.peer_seconds * 10
+        )
+        hits = [
+            float(a or b) for a, b in re.findall(r"val_HR_METRIC: ([\d.]+)|hit_rate=([\d.]+)", log)
+        ]
+        print(
+            f"{'Model Garden NCF (factors 64, batch 16384)':<40} {peer_seconds:>8.1f} "
+            f"{'':>7} {max(hits) if hits else float('nan'):>11.4f}"
+        )
+        print(f"ours / peer wall time: {ours_seconds / peer_seconds:.2f} (target <= 0.33)")
+
+
+def paper(args, work: str) -> None:
+    print("\nNCF paper protocol (ncf-ml-1m split, 99 fixed negatives), NeuMF without pre-training")
+    print(
+        f"{'factors':>7} {'HR@10':>7} {'NDCG@10':>8} {'paper HR':>9} {'paper NDCG':>11} "
+        f"{'epochs':>7} {'wall s':>7}"
+    )
+    for factors in (8, 64):
+        # The paper's MLP tower ends in `factors` units: 8 -> 64,32,16,8.
+        layers = ",".join(str(factors * 2 ** (3 - i)) for i in range(4))
+        seconds, _ = _ours(
+            [
+                "--dataset=ncf-ml-1m",
+                f"--data_dir={os.path.dirname(args.ncf_dir)}",
+                f"--cache_dir={work}/ncf_cache",
+                f"--model_dir={work}/paper{factors}",
+                "--clean",
+                f"--num_factors={factors}",
+                f"--layers={layers}",
+                "--mlp_regularization=0,0,0,0",
+                "--train_epochs=20",
+                "--batch_size=256",
+                "--learning_rate=0.001",
+                "--batches_per_step=64",
+                "--enable_xla",
+                "--seed=1",
+                f"--benchmark_log_dir={work}/paper{factors}",
+            ],
+            f"{work}/paper{factors}.log",
+        )
+        summary = _last_summary(f"{work}/paper{factors}/benchmark.jsonl")
+        paper_hr, paper_ndcg = PAPER_TABLE2[factors]
+        print(
+            f"{factors:>7} {summary['best_hr']:>7.4f} {summary['best_ndcg']:>8.4f} "
+            f"{paper_hr:>9.3f} {paper_ndcg:>11.3f} {summary['epochs']:>7} {seconds:>7.0f}"
+        )
+
+
+def _last_summary(path: str) -> dict:
+    with open(path) as log:
+        return [json.loads(line) for line in log if '"summary"' in line][-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--suite", action="append", required=True, choices=["throughput", "time_to_target", "paper"]
+    )
+    parser.add_argument("--ratings", help="ML-1M ratings.dat")
+    parser.add_argument("--ncf_dir", help="folder holding ml-1m.train.rating etc.")
+    parser.add_argument("--peer", help="path of ../shared/peer/ncf_official.sh")
+    parser.add_argument("--peer_data", default="/tmp/peer-data")
+    parser.add_argument(
+        "--peer_seconds",
+        type=float,
+        default=240,
+        help="how long the peer's throughput run may take",
+    )
+    parser.add_argument("--target", type=float, default=0.20)
+    args = parser.parse_args()
+    if args.peer:
+        subprocess.run(["bash", args.peer, "setup"], check=True)
+        if args.ratings:
+            subprocess.run(["bash", args.peer, "prepare", args.ratings, args.peer_data], check=True)
+    with tempfile.TemporaryDirectory() as work:
+        for suite in args.suite:
+            {"throughput": throughput, "time_to_target": time_to_target, "paper": paper}[suite](
+                args, work
+            )
+
+
+if __name__ == "__main__":
+    main()
