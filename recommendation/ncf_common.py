@@ -22,8 +22,20 @@ from recommendation.neumf_model import ModelParams
 # stop at HR@10 0.164 on ML-1M; these were tuned on this project's CPU runs (see
 # docs/benchmarks.md). The MLPerf ml-20m configuration is scripts/mlperf_ml20m.flags.
 DATASET_DEFAULTS: dict[str, dict[str, object]] = {
-    movielens.ML_1M: {},
+    movielens.ML_1M: {
+        "num_factors": 64,
+        "layers": ["256", "256", "128", "64"],
+        "mlp_regularization": ["0", "0", "0", "0"],
+        "batch_size": 16384,
+        "eval_batch_size": 160000,
+        "learning_rate": 0.001,
+        "train_epochs": 12,
+        "enable_xla": True,
+        "batches_per_step": 8,
+    },
 }
+# The synthetic data is ML-1M-sized: the same configuration suits it.
+DATASET_DEFAULTS[movielens.SYNTHETIC] = DATASET_DEFAULTS[movielens.ML_1M]
 
 
 def define_data_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -193,7 +205,10 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Every flag of ``ncf_main``: data, model, optimiser, evaluation and run control."""
     fv = flag_values
     define_data_flags(fv)
-    flags_core.define_base(default_model_dir=constants.DEFAULT_MODEL_DIR, flag_values=fv)
+    # The reference's NCF defaults: a large batch, since NCF examples are tiny.
+    flags_core.define_base(
+        default_model_dir=constants.DEFAULT_MODEL_DIR, default_batch_size=99000, flag_values=fv
+    )
     flags_core.define_performance(fv)
     flags_core.define_distribution(fv)
     flags_core.define_benchmark(fv)

@@ -42,11 +42,12 @@ def _cycles(first_epoch: int, train_epochs: int, epochs_between_evals: int) -> t
     return tuple(min(epochs_between_evals, train_epochs - start) for start in remaining)
 
 
-def _eval_users_per_batch(config: NcfConfig, block: int, replicas: int) -> int:
-    """Whole users per evaluation batch, a multiple of the replica count."""
+def _eval_users_per_batch(config: NcfConfig, block: int, replicas: int, num_users: int) -> int:
+    """Whole users per evaluation batch: a multiple of the replica count, and no more
+    than the dataset needs (padding users cost as much as real ones)."""
     points = config.eval_batch_size or config.batch_size
-    users = max(1, points // block)
-    return max(replicas, users // replicas * replicas)
+    users = min(max(1, points // block), num_users)
+    return -(-users // replicas) * replicas
 
 
 class _EpochProgress:
@@ -162,7 +163,7 @@ def _train_and_evaluate(
     params = GenerationParams(
         cache_path=os.path.join(config.data.resolved_cache_dir(), data_preprocessing.CACHE_FILE),
         batch_size=config.batch_size,
-        eval_users_per_batch=_eval_users_per_batch(config, block, replicas),
+        eval_users_per_batch=_eval_users_per_batch(config, block, replicas, data.num_users),
         num_neg=config.num_neg,
         num_eval_negatives=block - 1,
         epochs_per_cycle=cycles,

@@ -75,3 +75,13 @@ def test_data_config_from_flags():
     config = ncf_common.data_config_from_flags(parsed)
     assert config.synthetic.num_users == 50 and config.synthetic.min_ratings_per_user == 5
     assert (config.seed, config.resolved_cache_dir()) == (9, "/c")
+
+
+def test_ml1m_defaults_apply_only_to_unset_flags():
+    parsed = _parse("--dataset=ml-1m", "--batch_size=4096")
+    config = ncf_common.ncf_config_from_flags(parsed)
+    assert config.batch_size == 4096  # set by the user: kept
+    assert config.model.mf_dim == 64 and config.model.layers == (256, 256, 128, 64)
+    assert config.enable_xla and config.train_epochs == 12
+    other = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-20m"))
+    assert other.model.mf_dim == 8 and other.batch_size == 99000  # the reference's

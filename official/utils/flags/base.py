@@ -6,7 +6,9 @@ from official.utils.flags import core
 
 
 def define_base(
-    default_model_dir: str = "/tmp/model", flag_values: flags.FlagValues = flags.FLAGS
+    default_model_dir: str = "/tmp/model",
+    default_batch_size: int = 32,
+    flag_values: flags.FlagValues = flags.FLAGS,
 ) -> None:
     """Defines --model_dir --clean --train_epochs --epochs_between_evals --batch_size
     --eval_batch_size --export_dir --run_eagerly (Model Garden names and short names)."""
@@ -40,7 +42,7 @@ def define_base(
     )
     flags.DEFINE_integer(
         "batch_size",
-        32,
+        default_batch_size,
         "Global training batch size (split across replicas).",
         short_name="bs",
         flag_values=flag_values,
