@@ -177,6 +177,7 @@ def _train_and_evaluate(
         "time_to_target_s": None,
         "train_points": 0.0,
         "train_seconds": 0.0,
+        "first_wait_seconds": 0.0,
         "wait_seconds": 0.0,
     }
     run_root = os.path.join(config.data.resolved_cache_dir(), "runs")

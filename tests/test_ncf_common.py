@@ -82,6 +82,6 @@ def test_ml1m_defaults_apply_only_to_unset_flags():
     config = ncf_common.ncf_config_from_flags(parsed)
     assert config.batch_size == 4096  # set by the user: kept
     assert config.model.mf_dim == 64 and config.model.layers == (256, 256, 128, 64)
-    assert config.enable_xla and config.train_epochs == 12
+    assert config.enable_xla and config.train_epochs == 10
     other = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-20m"))
     assert other.model.mf_dim == 8 and other.batch_size == 99000  # the reference's
