@@ -222,38 +222,48 @@ def serialize_batch(arrays: dict[str, np.ndarray]) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
+def _padded_rows(
+    columns: dict[str, np.ndarray], start: int, size: int, pad_values: dict[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """Rows ``start .. start + size`` of each column, padded to `size` rows (with
+    `pad_values`, else 0), plus a valid mask that is 0 on the padding."""
+    stop = min(start + size, len(next(iter(columns.values()))))
+    batch = {}
+    for key, column in columns.items():
+        rows = column[start:stop]
+        padding = [(0, size - len(rows))] + [(0, 0)] * (rows.ndim - 1)
+        fill = (pad_values or {}).get(key, 0)
+        batch[key] = np.pad(rows, padding, constant_values=fill).astype(
+            np.uint8 if rows.dtype == bool else np.int32
+        )
+    batch[constants.VALID_POINT_MASK] = (np.arange(size) < stop - start).astype(np.uint8)
+    return batch
+
+
 def train_batch(epoch: TrainingEpoch, index: int, batch_size: int) -> dict[str, np.ndarray]:
     """Batch `index` of `epoch`, zero-padded to `batch_size` with a valid-point mask."""
-    start = index * batch_size
-    stop = min(start + batch_size, len(epoch.users))
-    pad = batch_size - (stop - start)
-    valid = np.zeros(batch_size, dtype=np.uint8)
-    valid[: stop - start] = 1
-    return {
-        constants.USER_COLUMN: np.pad(epoch.users[start:stop], (0, pad)).astype(np.int32),
-        constants.ITEM_COLUMN: np.pad(epoch.items[start:stop], (0, pad)).astype(np.int32),
-        constants.LABELS: np.pad(epoch.labels[start:stop], (0, pad)).astype(np.uint8),
-        constants.VALID_POINT_MASK: valid,
+    columns = {
+        constants.USER_COLUMN: epoch.users,
+        constants.ITEM_COLUMN: epoch.items,
+        constants.LABELS: epoch.labels,
     }
+    return _padded_rows(columns, index * batch_size, batch_size)
 
 
 def eval_batch(blocks: EvalBlocks, index: int, users_per_batch: int) -> dict[str, np.ndarray]:
-    """Users ``index * users_per_batch ...`` as one record; padding users are invalid."""
-    start = index * users_per_batch
-    stop = min(start + users_per_batch, len(blocks.users))
-    pad = users_per_batch - (stop - start)
-    valid = np.zeros(users_per_batch, dtype=np.uint8)
-    valid[: stop - start] = 1
-    return {
-        constants.USER_COLUMN: np.pad(blocks.users[start:stop], (0, pad)).astype(np.int32),
-        constants.ITEM_COLUMN: np.pad(blocks.items[start:stop], ((0, pad), (0, 0))).astype(
-            np.int32
-        ),
-        constants.DUPLICATE_MASK: np.pad(
-            blocks.duplicate_mask[start:stop], ((0, pad), (0, 0)), constant_values=True
-        ).astype(np.uint8),
-        constants.VALID_POINT_MASK: valid,
+    """Users ``index * users_per_batch ...`` as one record; padding users are invalid
+    and their items all masked as duplicates."""
+    columns = {
+        constants.USER_COLUMN: blocks.users,
+        constants.ITEM_COLUMN: blocks.items,
+        constants.DUPLICATE_MASK: blocks.duplicate_mask,
     }
+    return _padded_rows(
+        columns,
+        index * users_per_batch,
+        users_per_batch,
+        pad_values={constants.DUPLICATE_MASK: True},
+    )
 
 
 def shard_name(shard: int) -> str:
