@@ -30,6 +30,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]
+# The peer's package is also called `official`: run it away from this checkout.
+PEER_CWD = tempfile.gettempdir()
 PAPER_TABLE2 = {8: (0.688, 0.410), 64: (0.705, 0.426)}  # NeuMF without pre-training
 
 
@@ -78,6 +80,7 @@ def _peer(peer: str, args: list[str], log_path: str, timeout: float) -> tuple[fl
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=PEER_CWD,
         )
         try:
             process.wait(timeout=timeout)
@@ -275,9 +278,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.peer:
-        subprocess.run(["bash", args.peer, "setup"], check=True)
+        subprocess.run(["bash", args.peer, "setup"], check=True, cwd=PEER_CWD)
         if args.ratings:
-            subprocess.run(["bash", args.peer, "prepare", args.ratings, args.peer_data], check=True)
+            subprocess.run(
+                ["bash", args.peer, "prepare", os.path.abspath(args.ratings), args.peer_data],
+                check=True,
+                cwd=PEER_CWD,
+            )
     with tempfile.TemporaryDirectory() as work:
         for suite in args.suite:
             {"throughput": throughput, "time_to_target": time_to_target, "paper": paper}[suite](
