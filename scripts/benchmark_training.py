@@ -269,6 +269,11 @@ def main() -> None:
         help="how long the peer's throughput run may take",
     )
     parser.add_argument("--target", type=float, default=0.20)
+    parser.add_argument(
+        "--log_dir",
+        help="keep every run's log and model here (default: a "
+        "temporary folder, deleted at the end)",
+    )
     parser.add_argument("--paper_epochs", type=int, default=12)
     parser.add_argument(
         "--paper_batch_size",
@@ -285,7 +290,9 @@ def main() -> None:
                 check=True,
                 cwd=PEER_CWD,
             )
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as temp_dir:
+        work = args.log_dir or temp_dir
+        os.makedirs(work, exist_ok=True)
         for suite in args.suite:
             {"throughput": throughput, "time_to_target": time_to_target, "paper": paper}[suite](
                 args, work
