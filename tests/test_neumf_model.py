@@ -219,3 +219,21 @@ def test_table_side_first_layer_is_the_same_function():
         np.testing.assert_allclose(fast, direct, rtol=1e-4, atol=1e-6)
     del model._project_tables_first
     assert model._project_tables_first(40) and not model._project_tables_first(5)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_mixed_precision_steps_keep_float32_variables(dtype):
+    params = _params(dtype=dtype, mlp_regularization=(0.0, 0.0, 0.0))
+    try:
+        state = ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
+        assert state.model.user_embedding.embeddings.dtype == "float32"
+        assert state.model.compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+        before = state.model.logit.kernel.numpy().copy()
+        spec = neumf_model.model_fn(_features([1, 2], [3, 4], [True, True]),
+                                    tf.constant([1.0, 0.0]), Mode.TRAIN, params, state)
+        assert np.isfinite(float(spec.loss))
+        assert not np.array_equal(before, state.model.logit.kernel.numpy())
+        if dtype == "fp16":
+            assert isinstance(state.optimizer, keras.optimizers.LossScaleOptimizer)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
