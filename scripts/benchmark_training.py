@@ -192,6 +192,7 @@ def time_to_target(args, work: str) -> None:
             "--train_epochs=20",
             f"--hr_threshold={args.target}",
             "--batch_size=16384",
+            "--eval_batch_size=160000",
             "--learning_rate=0.001",
             *MLPERF_MODEL,
         ]
