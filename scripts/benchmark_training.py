@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -196,9 +195,9 @@ def time_to_target(args, work: str) -> None:
             "--learning_rate=0.001",
             *MLPERF_MODEL,
         ]
-        shutil.rmtree(
-            os.path.join(args.peer_data, "ml-1m", "raw_data_cache_py3.pickle"), ignore_errors=True
-        )
+        peer_cache = os.path.join(args.peer_data, "ml-1m", "raw_data_cache_py3.pickle")
+        if os.path.exists(peer_cache):  # a cold start for the peer too
+            os.remove(peer_cache)
         peer_seconds, log = _peer(
             args.peer, peer_flags, f"{work}/peer_ttt.log", args.peer_seconds * 10
         )
