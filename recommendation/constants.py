@@ -43,6 +43,8 @@ READY_FILE = "READY.json"  # producer: this folder is complete
 PRODUCER_LOG = "producer.log"
 EVAL_FOLDER = "eval"
 
+# How often each side of the protocol looks for the other's files.
+POLL_SEC = 0.05
 # Training cycles the producer may have written but the trainer not yet consumed.
 CYCLES_TO_BUFFER = 2
 # Shards per cycle: enough for parallel reads, few enough to keep files large.

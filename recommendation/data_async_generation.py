@@ -41,7 +41,6 @@ from recommendation.data_preprocessing import PreprocessedData
 _NEGATIVES, _SHUFFLE, _EVAL = 1, 2, 3
 _CHUNK = 1 << 20  # sampling work unit (points); fixed so output ignores worker count
 _EVAL_CHUNK_USERS = 4096
-_POLL_SEC = 0.05
 
 
 class ProducerStopped(Exception):
@@ -380,7 +379,7 @@ class Producer:
                 return
             if self.should_stop():
                 raise ProducerStopped()
-            time.sleep(_POLL_SEC)
+            time.sleep(constants.POLL_SEC)
 
     def _write_cycle(self, cycle, first_epoch, epochs, data, exclusion, pool) -> None:
         params = self.params
@@ -436,7 +435,7 @@ def wait_for_params(run_dir: str, should_stop) -> GenerationParams:
     while not tf.io.gfile.exists(path):
         if should_stop():
             raise ProducerStopped()
-        time.sleep(_POLL_SEC)
+        time.sleep(constants.POLL_SEC)
     with tf.io.gfile.GFile(path) as stream:
         return GenerationParams.from_json(stream.read())
 

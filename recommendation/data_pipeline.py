@@ -31,7 +31,6 @@ from absl import logging
 from recommendation import constants, data_async_generation
 from recommendation.data_async_generation import GenerationParams
 
-_POLL_SEC = 0.05
 _STARTUP_TIMEOUT_SEC = 120.0
 
 
@@ -237,7 +236,7 @@ class DataProducer:
                     f"while the trainer waited for {what}; see {self.log_path} (raise "
                     f"--data_stall_timeout_sec if it is just slow)"
                 )
-            time.sleep(_POLL_SEC)
+            time.sleep(constants.POLL_SEC)
         with tf.io.gfile.GFile(path) as stream:
             return json.loads(stream.read())
 

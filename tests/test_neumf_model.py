@@ -229,8 +229,13 @@ def test_mixed_precision_steps_keep_float32_variables(dtype):
         assert state.model.user_embedding.embeddings.dtype == "float32"
         assert state.model.compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[dtype]
         before = state.model.logit.kernel.numpy().copy()
-        spec = neumf_model.model_fn(_features([1, 2], [3, 4], [True, True]),
-                                    tf.constant([1.0, 0.0]), Mode.TRAIN, params, state)
+        spec = neumf_model.model_fn(
+            _features([1, 2], [3, 4], [True, True]),
+            tf.constant([1.0, 0.0]),
+            Mode.TRAIN,
+            params,
+            state,
+        )
         assert np.isfinite(float(spec.loss))
         assert not np.array_equal(before, state.model.logit.kernel.numpy())
         if dtype == "fp16":
