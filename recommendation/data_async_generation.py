@@ -41,6 +41,8 @@ from recommendation.data_preprocessing import PreprocessedData
 _NEGATIVES, _SHUFFLE, _EVAL = 1, 2, 3
 _CHUNK = 1 << 20  # sampling work unit (points); fixed so output ignores worker count
 _EVAL_CHUNK_USERS = 4096
+# Producer threads: about 0.75 x cores leaves room for the trainer.
+DEFAULT_NUM_WORKERS = max(1, int(0.75 * (os.cpu_count() or 1)))
 
 
 class ProducerStopped(Exception):
@@ -77,7 +79,7 @@ class GenerationParams:
     first_epoch: int = 0
     num_shards: int = constants.NUM_SHARDS
     cycles_to_buffer: int = constants.CYCLES_TO_BUFFER
-    num_workers: int = max(1, int(0.75 * (os.cpu_count() or 1)))
+    num_workers: int = DEFAULT_NUM_WORKERS
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -346,7 +346,7 @@ def _train_spec(features, labels, params: ModelParams, state: ModelState) -> Mod
         loss = loss_sum / tf.maximum(global_valid, 1.0)
         if model.losses:
             loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+        scaled = optimizer.scale_loss(loss)  # identity unless fp16 loss scaling
     variables = model.trainable_variables
     gradients = tape.gradient(scaled, variables)
     if not params.sparse_updates:

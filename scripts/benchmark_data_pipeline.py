@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        default=generation.GenerationParams.__dataclass_fields__["num_workers"].default,
+        default=generation.DEFAULT_NUM_WORKERS,
     )
     parser.add_argument("--peer_log", help="log of the Model Garden NCF on ML-1M")
     args = parser.parse_args()
