@@ -169,7 +169,8 @@ class NcfConfig:
         use_subprocess: Run the data producer as its own process.
         data_stall_timeout_sec: Longest wait for a stalled producer.
         benchmark_log_dir, benchmark_test_id: JSON-lines benchmark log.
-        export_dir: Export a SavedModel there at the end.
+        export_dir: Export a SavedModel for serving there at the end.
+        export_onnx: Also export the scoring signature as ONNX (into export_dir).
         flag_values: Every flag, for the benchmark log.
     """
 
@@ -198,6 +199,7 @@ class NcfConfig:
     benchmark_log_dir: str | None = None
     benchmark_test_id: str | None = None
     export_dir: str | None = None
+    export_onnx: bool = False
     flag_values: dict = dataclasses.field(default_factory=dict)
 
 
@@ -270,6 +272,19 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         False,
         "Update only the embedding rows in each batch (lazy Adam) instead of "
         "dense Adam over whole tables (the MLPerf reference).",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "export_onnx",
+        False,
+        "With --export_dir, also write the scoring signature as EXPORT_DIR/model.onnx "
+        "(tf2onnx; needs pip install -e '.[onnx]').",
+        flag_values=fv,
+    )
+    flags.register_multi_flags_validator(
+        ["export_onnx", "export_dir"],
+        lambda values: not values["export_onnx"] or bool(values["export_dir"]),
+        message="--export_onnx needs --export_dir: the ONNX model is written into it",
         flag_values=fv,
     )
     flags.DEFINE_boolean(
@@ -433,6 +448,7 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
         benchmark_log_dir=fv.benchmark_log_dir,
         benchmark_test_id=fv.benchmark_test_id,
         export_dir=fv.export_dir,
+        export_onnx=fv.export_onnx,
         flag_values={
             name: fv[name].value
             for name in fv

@@ -22,11 +22,11 @@ from absl import app, flags, logging
 from official.utils.logs.logger import BenchmarkLogger
 from official.utils.misc import distribution_utils
 from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import ModelState, Runner
+from official.utils.misc.runner import Runner
 from recommendation import (
-    constants,
     data_pipeline,
     data_preprocessing,
+    export,
     movielens,
     ncf_common,
     neumf_model,
@@ -34,7 +34,6 @@ from recommendation import (
 from recommendation.data_async_generation import GenerationParams
 from recommendation.data_preprocessing import PreprocessedData
 from recommendation.ncf_common import NcfConfig
-from recommendation.neumf_model import ModelParams
 
 
 def _cycles(first_epoch: int, train_epochs: int, epochs_between_evals: int) -> tuple[int, ...]:
@@ -92,6 +91,8 @@ class RunResult:
 def run(config: NcfConfig) -> RunResult:
     """Runs training as `config` says."""
     start = time.perf_counter()
+    if config.export_onnx:
+        export.require_onnx()  # before training, not after it
     if config.seed is not None:
         # Same seed, same initial weights; with op determinism, same metrics on CPU.
         tf.keras.utils.set_random_seed(config.seed)
@@ -117,7 +118,7 @@ def run(config: NcfConfig) -> RunResult:
         tf.io.gfile.rmtree(config.model_dir)
     runner = Runner(
         neumf_model.model_fn,
-        _build_state,
+        neumf_model.build_state,
         model_params,
         config.model_dir,
         strategy,
@@ -132,21 +133,12 @@ def run(config: NcfConfig) -> RunResult:
         return RunResult(_run_synthetic(config, data, runner, start), runner)
     summary = _train_and_evaluate(config, data, runner, block, replicas, benchmark, start)
     if config.export_dir and chief:
-        runner.export_saved_model(config.export_dir, _serving_specs())
+        parity = export.export_serving(runner, data, config.export_dir, config.export_onnx)
         summary["export_dir"] = config.export_dir
+        if parity is not None:
+            summary["onnx_max_score_difference"] = parity
     benchmark.log("summary", **summary)
     return RunResult(summary, runner)
-
-
-def _build_state(params: ModelParams) -> ModelState:
-    return ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
-
-
-def _serving_specs() -> list[tf.TensorSpec]:
-    return [
-        tf.TensorSpec([None], tf.int32, constants.USER_COLUMN),
-        tf.TensorSpec([None], tf.int32, constants.ITEM_COLUMN),
-    ]
 
 
 def _train_and_evaluate(
@@ -295,7 +287,12 @@ def main(argv: list[str]) -> None:
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
     try:
         summary = run(config).summary
-    except (movielens.DataError, data_pipeline.ProducerError, ValueError) as error:
+    except (
+        movielens.DataError,
+        data_pipeline.ProducerError,
+        export.ExportError,
+        ValueError,
+    ) as error:
         sys.exit(f"error: {error}")
     print(summary_line(summary, config.model.top_k))
 
