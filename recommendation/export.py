@@ -187,8 +187,8 @@ def export_serving(
         require_onnx()
     parity: list[float] = []
 
-    def build_serving(predict):
-        module = ServingModule(runner.state.model, predict, data, asset_dir)
+    def build_serving(predict, model):
+        module = ServingModule(model, predict, data, asset_dir)
         return module, {"serving_default": module.score, "recommend": module.recommend}
 
     def add_onnx(saved_model_dir: str) -> None:

@@ -1,11 +1,18 @@
-"""Shared helpers: small MovieLens-format files written into pytest's tmp_path."""
+"""Shared helpers: small MovieLens-format files in tmp_path, and one trained export."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 
+import keras
 import pytest
+
+from recommendation import data_preprocessing, ncf_main, synthetic_data
+from recommendation.data_preprocessing import DataConfig, PreprocessedData
+from recommendation.ncf_common import NcfConfig
+from recommendation.neumf_model import ModelParams
 
 # Rows of (user, item, timestamp) used by several tests: three users, 4/2/3 ratings.
 TINY_ROWS = [
@@ -40,3 +47,52 @@ def tiny_ml1m(tmp_path) -> str:
     """A data_dir holding ``ml-1m/ratings.dat`` with `TINY_ROWS`; returns data_dir."""
     write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS, "dat")
     return str(tmp_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedExport:
+    """A NeuMF trained briefly on generated data and exported with ONNX (`trained_export`)."""
+
+    export_dir: str
+    config: NcfConfig
+    data: PreprocessedData
+    model: keras.Model
+    onnx_max_difference: float
+
+
+@pytest.fixture(scope="session")
+def trained_export(tmp_path_factory) -> TrainedExport:
+    """One `ncf_main.run` (1 epoch, 300 users) with --export_dir and --export_onnx."""
+    root = tmp_path_factory.mktemp("trained")
+    config = NcfConfig(
+        data=DataConfig(
+            dataset="synthetic",
+            data_dir=str(root / "data"),
+            synthetic=synthetic_data.SyntheticSpec(
+                num_users=300, num_items=200, num_ratings=12_000
+            ),
+        ),
+        model_dir=str(root / "model"),
+        train_epochs=1,
+        batch_size=2048,
+        num_eval_negatives=49,
+        seed=1,
+        export_dir=str(root / "export"),
+        export_onnx=True,
+        model=ModelParams(
+            num_users=0,
+            num_items=0,
+            mf_dim=8,
+            layers=(16, 8),
+            mlp_regularization=(0.0, 0.0),
+            learning_rate=0.01,
+        ),
+    )
+    result = ncf_main.run(config)
+    return TrainedExport(
+        export_dir=config.export_dir,
+        config=config,
+        data=data_preprocessing.load_or_build(config.data).data,
+        model=result.runner.state.model,
+        onnx_max_difference=result.summary["onnx_max_score_difference"],
+    )

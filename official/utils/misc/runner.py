@@ -275,7 +275,7 @@ class Runner:
     def export_saved_model(
         self,
         export_dir: str,
-        build_serving: Callable[[Callable[[dict], dict]], tuple[tf.Module, dict]],
+        build_serving: Callable[[Callable[[dict], dict], keras.Model], tuple[tf.Module, dict]],
         finalize: Callable[[str], None] | None = None,
     ) -> str:
         """Exports a SavedModel for serving, never leaving a half-written one behind.
@@ -287,8 +287,9 @@ class Runner:
 
         Args:
             export_dir: Destination; replaced if it holds an earlier SavedModel.
-            build_serving: ``predict -> (module, signatures)``: wraps `predict` (this
-                runner's PREDICT computation) with the inputs and outputs serving needs.
+            build_serving: ``(predict, model) -> (module, signatures)``: wraps `predict`
+                (this runner's PREDICT computation) with the inputs and outputs serving
+                needs; the module must hold `model`, so that its variables are saved.
             finalize: Called with the temporary folder once the SavedModel is written,
                 before the rename: to add files derived from it, or to verify it.
 
@@ -306,7 +307,7 @@ class Runner:
                 f"export_dir {export_dir} exists and is not a SavedModel; "
                 "choose a new or empty folder"
             )
-        module, signatures = build_serving(self.predict)
+        module, signatures = build_serving(self.predict, self.state.model)
         temp_dir = f"{export_dir}{_TEMP_INFIX}{os.getpid()}"
         try:
             tf.saved_model.save(module, temp_dir, signatures=signatures)
