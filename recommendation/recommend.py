@@ -179,20 +179,26 @@ def write_csv(path: str, users, item_ids, scores, titles: dict[int, str] | None)
     return count
 
 
+def run(fv: flags.FlagValues) -> str:
+    """Does what the parsed flags `fv` ask; returns the text to print.
+
+    Raises:
+        DataError: bad input (the message names it and the fix).
+    """
+    titles = movielens.read_movie_titles(fv.movies) if fv.movies else None
+    users = read_user_ids(fv.users_file) if fv.users_file else np.array([fv.user_id], np.int64)
+    item_ids, scores = Recommender(fv.export_dir)(users, fv.k, fv.exclude_seen, fv.batch_size)
+    if not fv.users_file:
+        return format_table(fv.user_id, item_ids[0], scores[0], titles)
+    count = write_csv(fv.output, users, item_ids, scores, titles)
+    return f"wrote {count} recommendations for {len(users)} users to {fv.output}"
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    fv = flags.FLAGS
     try:
-        titles = movielens.read_movie_titles(fv.movies) if fv.movies else None
-        users = read_user_ids(fv.users_file) if fv.users_file else np.array([fv.user_id], np.int64)
-        recommender = Recommender(fv.export_dir)
-        item_ids, scores = recommender(users, fv.k, fv.exclude_seen, fv.batch_size)
-        if fv.users_file:
-            count = write_csv(fv.output, users, item_ids, scores, titles)
-            print(f"wrote {count} recommendations for {len(users)} users to {fv.output}")
-        else:
-            print(format_table(fv.user_id, item_ids[0], scores[0], titles))
+        print(run(flags.FLAGS))
     except DataError as error:
         sys.exit(f"error: {error}")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import os
 from collections.abc import Iterable
 
@@ -39,6 +41,29 @@ def write_movielens(path: str, rows: Iterable[tuple[int, int, int]], kind: str) 
         lines.append(separator.join(str(v) for v in (user, item, 4, timestamp)))
     with open(path, "w", newline="") as out:
         out.write("\n".join(lines) + "\n")
+    return path
+
+
+def write_movies(path: str, titles: dict[int, str], kind: str) -> str:
+    """Writes `titles` as MovieLens ``movies.dat`` (Latin-1), ``movies.csv`` (UTF-8,
+    quoted titles) or ML-100K ``u.item`` (Latin-1) into `path`."""
+    lines = []
+    if kind == "movies.csv":
+        stream = io.StringIO()
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(["movieId", "title", "genres"])
+        writer.writerows([movie, title, "Drama|Comedy"] for movie, title in titles.items())
+        contents = stream.getvalue().encode("utf-8")
+    else:
+        for movie, title in titles.items():
+            if kind == "movies.dat":
+                lines.append(f"{movie}::{title}::Drama|Comedy")
+            else:  # u.item: id|title|release date|video date|IMDb URL|19 genre flags
+                fields = [str(movie), title, "01-Jan-1995", "", "http://x"] + ["0"] * 19
+                lines.append("|".join(fields))
+        contents = ("\n".join(lines) + "\n").encode("latin-1")
+    with open(path, "wb") as out:
+        out.write(contents)
     return path
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from official.utils.misc.runner import ModelState, Runner
+from official.utils.misc.runner import Runner
 from recommendation import constants, data_pipeline, neumf_model
 from recommendation.neumf_model import ModelParams
 
@@ -21,15 +21,11 @@ PARAMS = ModelParams(
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _state(params: ModelParams) -> ModelState:
-    return ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
-
-
 def _runner(model_dir: str, steps_per_call: int = 1) -> Runner:
     keras.utils.set_random_seed(0)
     return Runner(
         neumf_model.model_fn,
-        _state,
+        neumf_model.build_state,
         PARAMS,
         model_dir,
         tf.distribute.OneDeviceStrategy("/cpu:0"),
