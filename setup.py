@@ -2,6 +2,8 @@
 
 from setuptools import find_packages, setup
 
+ONNX_REQUIRES = ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20"]
+
 setup(
     name="ncf-benchmark",
     version="0.1.0",
@@ -27,7 +29,9 @@ setup(
         "tensorboard>=2.20",
     ],
     extras_require={
-        "test": ["pytest>=8", "ruff>=0.6"],
+        # --export_onnx: tf2onnx converts, onnxruntime checks the result.
+        "onnx": ONNX_REQUIRES,
+        "test": ["pytest>=8", "ruff>=0.6", *ONNX_REQUIRES],
     },
     entry_points={
         "console_scripts": [

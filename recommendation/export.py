@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -72,7 +73,13 @@ class ServingModule(tf.Module):
         asset_dir: Where the id-map files are written before the export copies them.
     """
 
-    def __init__(self, model: NeuMF, predict, data: PreprocessedData, asset_dir: str):
+    def __init__(
+        self,
+        model: NeuMF,
+        predict: Callable[[dict], dict],
+        data: PreprocessedData,
+        asset_dir: str,
+    ) -> None:
         super().__init__()
         self.model = model
         self._predict = predict
@@ -89,7 +96,8 @@ class ServingModule(tf.Module):
             tf.TensorSpec([None], tf.int64, constants.ITEM_COLUMN),
         ]
     )
-    def score(self, user_id, item_id):
+    def score(self, user_id: tf.Tensor, item_id: tf.Tensor) -> dict[str, tf.Tensor]:
+        """``serving_default``: probabilities of (user, item) pairs given by raw id."""
         users, user_known = _lookup(self.user_table, user_id)
         items, item_known = _lookup(self.item_table, item_id)
         known = user_known & item_known
@@ -107,7 +115,10 @@ class ServingModule(tf.Module):
             tf.TensorSpec([], tf.bool, "exclude_seen"),
         ]
     )
-    def recommend(self, user_id, k, exclude_seen):
+    def recommend(
+        self, user_id: tf.Tensor, k: tf.Tensor, exclude_seen: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
+        """``recommend``: each user's top-k items, scored against every item at once."""
         tf.debugging.assert_positive(k, message="k must be at least 1")
         users, known = _lookup(self.user_table, user_id)
         logits = tf.cast(self.model.score_all_items(users), tf.float32)

@@ -106,7 +106,7 @@ def peer_hit_rates(log_path: str) -> list[float]:
     return [float(hits) / max(float(count), 1e-9) for hits, count in pairs]
 
 
-def _ml1m_data_dir(ratings: str, work: str, name: str) -> str:
+def ml1m_data_dir(ratings: str, work: str, name: str) -> str:
     """A fresh data dir holding a link to `ratings` as ml-1m/ratings.dat (no cache)."""
     data_dir = os.path.join(work, name)
     os.makedirs(os.path.join(data_dir, "ml-1m"))
@@ -115,7 +115,7 @@ def _ml1m_data_dir(ratings: str, work: str, name: str) -> str:
 
 
 def throughput(args, work: str) -> None:
-    data_dir = _ml1m_data_dir(args.ratings, work, "throughput_data")
+    data_dir = ml1m_data_dir(args.ratings, work, "throughput_data")
     flags = MLPERF_MODEL + [
         "--batch_size=65536",
         "--use_synthetic_data",
@@ -166,7 +166,7 @@ def throughput(args, work: str) -> None:
 
 
 def time_to_target(args, work: str) -> None:
-    data_dir = _ml1m_data_dir(args.ratings, work, "cold_data")
+    data_dir = ml1m_data_dir(args.ratings, work, "cold_data")
     ours_seconds, log = _ours(
         [
             "--dataset=ml-1m",

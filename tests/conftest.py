@@ -6,6 +6,8 @@ import csv
 import dataclasses
 import io
 import os
+import subprocess
+import sys
 from collections.abc import Iterable
 
 import keras
@@ -74,6 +76,43 @@ def tiny_ml1m(tmp_path) -> str:
     return str(tmp_path)
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_SPEC = synthetic_data.SyntheticSpec(num_users=300, num_items=200, num_ratings=12_000)
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs ``python -m module args`` from the checkout; captures its output."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+def tiny_ncf_config(root, **overrides) -> NcfConfig:
+    """The test configuration of ncf_main (Flax-style): 300 users, a small NeuMF."""
+    values = dict(
+        data=DataConfig(dataset="synthetic", data_dir=str(root / "data"), synthetic=TINY_SPEC),
+        model_dir=str(root / "model"),
+        train_epochs=2,
+        batch_size=2048,
+        num_eval_negatives=99,
+        seed=1,
+        model=ModelParams(
+            num_users=0,
+            num_items=0,
+            mf_dim=8,
+            layers=(16, 8),
+            mlp_regularization=(0.0, 0.0),
+            learning_rate=0.01,
+        ),
+    )
+    values.update(overrides)
+    return NcfConfig(**values)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainedExport:
     """A NeuMF trained briefly on generated data and exported with ONNX (`trained_export`)."""
@@ -87,31 +126,14 @@ class TrainedExport:
 
 @pytest.fixture(scope="session")
 def trained_export(tmp_path_factory) -> TrainedExport:
-    """One `ncf_main.run` (1 epoch, 300 users) with --export_dir and --export_onnx."""
+    """One `ncf_main.run` (1 epoch) with --export_dir and --export_onnx."""
     root = tmp_path_factory.mktemp("trained")
-    config = NcfConfig(
-        data=DataConfig(
-            dataset="synthetic",
-            data_dir=str(root / "data"),
-            synthetic=synthetic_data.SyntheticSpec(
-                num_users=300, num_items=200, num_ratings=12_000
-            ),
-        ),
-        model_dir=str(root / "model"),
+    config = tiny_ncf_config(
+        root,
         train_epochs=1,
-        batch_size=2048,
         num_eval_negatives=49,
-        seed=1,
         export_dir=str(root / "export"),
         export_onnx=True,
-        model=ModelParams(
-            num_users=0,
-            num_items=0,
-            mf_dim=8,
-            layers=(16, 8),
-            mlp_regularization=(0.0, 0.0),
-            learning_rate=0.01,
-        ),
     )
     result = ncf_main.run(config)
     return TrainedExport(

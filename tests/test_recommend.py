@@ -5,27 +5,18 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from absl import flags
-from conftest import write_movies
+from conftest import run_module, write_movies
 
 from recommendation import recommend
 from recommendation.movielens import DataError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recommendation.recommend", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return run_module("recommendation.recommend", *args)
 
 
 def _training_items(data, raw_user: int) -> set[int]:
