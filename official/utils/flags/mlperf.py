@@ -20,7 +20,7 @@ STATUSES = (
 
 def define_mlperf(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Defines --output_ml_perf_compliance_logging, --mlperf_log_file,
-    --mlperf_log_format and the --mlperf_submission_* metadata."""
+    --mlperf_log_format, --mlperf_clear_caches and the --mlperf_submission_* metadata."""
     fv = flag_values
     flags.DEFINE_boolean(
         "output_ml_perf_compliance_logging",
@@ -67,6 +67,13 @@ def define_mlperf(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "submission_status of the log.",
         flag_values=fv,
     )
+    flags.DEFINE_boolean(
+        "mlperf_clear_caches",
+        default.clear_caches,
+        "Drop the OS page cache before the run (needs root), as MLPerf requires; "
+        "--nomlperf_clear_caches on shared machines (the log records it).",
+        flag_values=fv,
+    )
     for name in ("mlperf_submission_org", "mlperf_submission_platform"):
         flags.register_validator(
             name,
@@ -103,4 +110,5 @@ def mlperf_options_from_flags(
         platform=fv.mlperf_submission_platform,
         division=fv.mlperf_submission_division,
         status=fv.mlperf_submission_status,
+        clear_caches=fv.mlperf_clear_caches,
     )

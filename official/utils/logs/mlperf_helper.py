@@ -42,6 +42,7 @@ from official.utils.misc import signals
 MLLOG, V05 = "mllog", "v0.5"
 FORMATS = (MLLOG, V05)
 DEFAULT_LOG_FILE = "mlperf_compliance.log"
+PART_SUFFIX = ".part"  # a helper process's lines, until merged into the log
 DROP_CACHES_PATH = "/proc/sys/vm/drop_caches"
 SUCCESS, ABORTED = mllog_constants.SUCCESS, mllog_constants.ABORTED
 
@@ -112,6 +113,8 @@ class MlperfOptions:
         log_format: ``mllog`` or ``v0.5``.
         benchmark: ``submission_benchmark`` and the v0.5 line prefix (``ncf``).
         org, platform, division, status: The ``submission_*`` metadata.
+        clear_caches: Drop the OS page cache first, as MLPerf requires (off on shared
+            machines, where it slows everyone; the log then says it was not done).
     """
 
     log_file: str
@@ -121,6 +124,7 @@ class MlperfOptions:
     platform: str = "reference_implementation"
     division: str = mllog_constants.CLOSED
     status: str = mllog_constants.ONPREM
+    clear_caches: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +171,7 @@ class MlperfLogger:
     def part_file(self) -> str:
         """Where a helper process writes its lines until `session` merges them
         ("" when disabled)."""
-        return f"{self.path}.part" if self.path else ""
+        return f"{self.path}{PART_SUFFIX}" if self.path else ""
 
     def event(self, key: str, value: object = None, **metadata) -> None:
         """Logs `key` (an mllog key) now, with the caller's file and line."""
@@ -267,7 +271,9 @@ def session(options: MlperfOptions | None) -> Iterator[MlperfLogger]:
     logger = MlperfLogger(options.log_file, options.log_format, options.benchmark)
     if tf.io.gfile.exists(logger.part_file):
         tf.io.gfile.remove(logger.part_file)  # a previous run's leftover
-    cleared, reason = drop_page_cache()
+    cleared, reason = (
+        drop_page_cache() if options.clear_caches else (False, "disabled (--nomlperf_clear_caches)")
+    )
     if cleared:
         logger.event(mllog_constants.CACHE_CLEAR, True)
     else:
