@@ -94,9 +94,10 @@ def table(runs: list[RunSummary]) -> str:
     if score is None:
         lines.append(f"MLPerf v0.5 score: n/a (needs 3 converged runs, has {len(converged)})")
     else:
+        kept = len(converged) - 2
         lines.append(
-            f"MLPerf v0.5 score: {score:.2f} s (mean of {len(converged) - 2} converged runs "
-            "after dropping the fastest and the slowest)"
+            f"MLPerf v0.5 score: {score:.2f} s (mean of {kept} converged run"
+            f"{'s' if kept > 1 else ''} after dropping the fastest and the slowest)"
         )
     rate = len(converged) / len(runs)
     lines.append(f"convergence rate: {len(converged)}/{len(runs)} ({rate:.0%})")
