@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import TINY_NCF_MAIN_FLAGS
 
 from recommendation import ncf_main, synthetic_data
 from recommendation.data_preprocessing import DataConfig
@@ -97,19 +98,10 @@ def test_command_line(tmp_path, extra, expect_ok):
             sys.executable,
             "-m",
             "recommendation.ncf_main",
-            "--dataset=synthetic",
+            *TINY_NCF_MAIN_FLAGS,
             f"--data_dir={tmp_path}",
             f"--model_dir={tmp_path / 'model'}",
             "--train_epochs=1",
-            "--synthetic_num_users=200",
-            "--synthetic_num_items=150",
-            "--synthetic_num_ratings=8000",
-            "--batch_size=1024",
-            "--num_eval_negatives=49",
-            "--num_factors=4",
-            "--layers=8,4",
-            "--mlp_regularization=0,0",
-            "--seed=2",
             *extra,
         ],
         capture_output=True,
