@@ -29,7 +29,7 @@ DATASET_DEFAULTS: dict[str, dict[str, object]] = {
         "mlp_regularization": ["0", "0", "0", "0"],
         "batch_size": 16384,
         "eval_batch_size": 160000,
-        "learning_rate": 0.001,
+        "learning_rate": 0.01,
         "train_epochs": 10,
         "enable_xla": True,
         "batches_per_step": 8,
