@@ -168,7 +168,8 @@ def preprocess(
     if drop_duplicates:
         users, items, timestamps = _drop_repeated_pairs(users, items, timestamps)
     user_index, user_ids = pd.factorize(users)  # first-appearance order, as the reference
-    kept_users = np.bincount(user_index) >= min_num_ratings
+    user_counts = np.bincount(user_index)
+    kept_users = user_counts >= min_num_ratings
     if not kept_users.any():
         raise DataError(
             f"every user has fewer than {min_num_ratings} ratings, so none is left; use a "
@@ -179,13 +180,12 @@ def preprocess(
         # Renumbering the kept codes in order keeps first-appearance order.
         user_index = (np.cumsum(kept_users) - 1)[user_index[keep]]
         user_ids = user_ids[kept_users]
+        user_counts = user_counts[kept_users]
         items = items[keep]
         timestamps = None if timestamps is None else timestamps[keep]
     item_index, item_ids = pd.factorize(items)
     order = _time_order(user_index, timestamps, ml_perf)
-    sorted_users = user_index[order]
-    sorted_items = item_index[order].astype(constants.INDEX_DTYPE)
-    user_counts = np.bincount(sorted_users, minlength=len(user_ids))
+    sorted_items = item_index[order].astype(constants.INDEX_DTYPE, copy=False)
     ends = np.cumsum(user_counts)
     is_holdout = np.zeros(len(order), dtype=bool)
     is_holdout[ends - 1] = True

@@ -162,8 +162,8 @@ class RawRatings:
     """Interactions as read from the source, in source order.
 
     Attributes:
-        users: `(n,)` int64 raw user ids.
-        items: `(n,)` int64 raw item ids.
+        users: `(n,)` int32 or int64 raw user ids.
+        items: `(n,)` int32 or int64 raw item ids.
         timestamps: `(n,)` int64 seconds, or None when the source has no time (file
             order is then the time order).
         sources: Files the data came from (for cache invalidation).
@@ -266,7 +266,7 @@ def read_movielens(
 
 
 def read_ratings_file(path: str, file_format: FileFormat) -> RawRatings:
-    """Reads `path` in `file_format` into int64 arrays.
+    """Reads `path` in `file_format` into integer arrays.
 
     Raises:
         DataError: the file is missing, empty, has no rows, or has a malformed line
@@ -287,23 +287,29 @@ def read_ratings_file(path: str, file_format: FileFormat) -> RawRatings:
     if file_format.timestamp_field is not None:
         fields["timestamp"] = file_format.timestamp_field * stride
     include = [names[i] for i in fields.values()]
-    try:
-        with _open_for_arrow(path) as stream:
-            table = pa_csv.read_csv(
-                stream,
-                read_options=pa_csv.ReadOptions(
-                    column_names=names,
-                    skip_rows=1 if file_format.header else 0,
-                    block_size=1 << 24,
-                ),
-                parse_options=pa_csv.ParseOptions(delimiter=separator),
-                convert_options=pa_csv.ConvertOptions(
-                    include_columns=include,
-                    column_types={name: pa.int64() for name in include},
-                ),
-            )
-    except (pa.ArrowInvalid, ValueError) as error:
-        raise _malformed_error(path, file_format, error) from None
+    # 32-bit ids halve the memory the reader fills; a file with larger ids is read again.
+    for id_type in (pa.int32(), pa.int64()):
+        column_types = {name: id_type for name in include}
+        if "timestamp" in fields:
+            column_types[names[fields["timestamp"]]] = pa.int64()
+        try:
+            with _open_for_arrow(path) as stream:
+                table = pa_csv.read_csv(
+                    stream,
+                    read_options=pa_csv.ReadOptions(
+                        column_names=names,
+                        skip_rows=1 if file_format.header else 0,
+                        block_size=1 << 24,
+                    ),
+                    parse_options=pa_csv.ParseOptions(delimiter=separator),
+                    convert_options=pa_csv.ConvertOptions(
+                        include_columns=include, column_types=column_types
+                    ),
+                )
+            break
+        except (pa.ArrowInvalid, ValueError) as error:
+            if id_type == pa.int64():
+                raise _malformed_error(path, file_format, error) from None
     if table.num_rows == 0:
         raise DataError(f"{path} holds no ratings; check that it is the right file")
     columns = {key: _int_column(table, names[index]) for key, index in fields.items()}
@@ -330,7 +336,7 @@ def _int_column(table: pa.Table, name: str) -> np.ndarray | None:
     column = table.column(name)
     if column.null_count:
         return None
-    return column.to_numpy().astype(np.int64, copy=False)
+    return column.to_numpy()
 
 
 def _require_file(path: str) -> None:

@@ -31,6 +31,20 @@ TINY_ROWS = [
     (30, 70000, 60),
 ]
 
+# A tiny ncf-main command line (seconds to train): synthetic data, a small model.
+TINY_NCF_MAIN_FLAGS = [
+    "--dataset=synthetic",
+    "--synthetic_num_users=200",
+    "--synthetic_num_items=150",
+    "--synthetic_num_ratings=8000",
+    "--batch_size=1024",
+    "--num_eval_negatives=49",
+    "--num_factors=4",
+    "--layers=8,4",
+    "--mlp_regularization=0,0",
+    "--seed=2",
+]
+
 
 def write_movielens(path: str, rows: Iterable[tuple[int, int, int]], kind: str) -> str:
     """Writes `rows` as a ``dat`` (::), ``u.data`` (tab) or ``csv`` (header) ratings file."""

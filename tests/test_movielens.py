@@ -26,7 +26,15 @@ def test_reads_every_published_format(tmp_path, kind, file_format):
     np.testing.assert_array_equal(raw.users, users)
     np.testing.assert_array_equal(raw.items, items)  # 70000 > 65535 survives
     np.testing.assert_array_equal(raw.timestamps, times)
-    assert raw.users.dtype == np.int64 and raw.sources == (path,)
+    assert raw.users.dtype.kind == "i" and raw.sources == (path,)
+
+
+def test_reads_ids_past_32_bits(tmp_path):
+    rows = [(1, 3_000_000_000, 5), (5_000_000_000, 2, 6)]
+    path = write_movielens(str(tmp_path / "ratings"), rows, "csv")
+    raw = movielens.read_ratings_file(path, movielens.CSV_FORMAT)
+    np.testing.assert_array_equal(raw.users, [1, 5_000_000_000])
+    np.testing.assert_array_equal(raw.items, [3_000_000_000, 2])
 
 
 def test_reads_crlf_csv_as_published_for_ml_latest_small(tmp_path):

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from conftest import run_module, tiny_ncf_config
+from conftest import TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
 
 from recommendation import ncf_main
 from recommendation.ncf_common import NcfConfig
@@ -70,19 +70,10 @@ def test_cycles_cover_the_remaining_epochs():
 def test_command_line(tmp_path, extra, expect_ok):
     result = run_module(
         "recommendation.ncf_main",
-        "--dataset=synthetic",
+        *TINY_NCF_MAIN_FLAGS,
         f"--data_dir={tmp_path}",
         f"--model_dir={tmp_path / 'model'}",
         "--train_epochs=1",
-        "--synthetic_num_users=200",
-        "--synthetic_num_items=150",
-        "--synthetic_num_ratings=8000",
-        "--batch_size=1024",
-        "--num_eval_negatives=49",
-        "--num_factors=4",
-        "--layers=8,4",
-        "--mlp_regularization=0,0",
-        "--seed=2",
         *extra,
     )
     if expect_ok:
