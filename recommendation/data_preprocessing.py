@@ -233,8 +233,8 @@ def _stable_argsort_small_ints(values: np.ndarray) -> np.ndarray:
     bits = len(values).bit_length()
     if 2 * bits > 63:
         return np.argsort(values, kind="stable")
-    keys = values.astype(np.int64) << bits
-    keys |= np.arange(len(values))
+    keys = values.astype(np.int64, copy=False) << bits  # fresh memory costs here: few copies
+    keys |= np.arange(len(values), dtype=np.int32 if bits < 32 else np.int64)
     keys.sort()
     keys &= (1 << bits) - 1
     return keys

@@ -171,8 +171,18 @@ class Runner:
 
             return dataset.flat_map(slices)
 
-        options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+        # Prefetching to the device pays on accelerators; on the CPU it only adds a
+        # device iterator whose teardown after each cycle took 10 to 40 s here.
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=self._on_accelerator())
         return self.strategy.distribute_datasets_from_function(dataset_fn, options)
+
+    def _on_accelerator(self) -> bool:
+        if self.strategy is tf.distribute.get_strategy():  # the default: where ops land
+            return bool(tf.config.list_logical_devices("GPU"))
+        return any(
+            tf.DeviceSpec.from_string(device).device_type != "CPU"
+            for device in self.strategy.extended.worker_devices
+        )
 
     # -- train / evaluate ---------------------------------------------------
 
