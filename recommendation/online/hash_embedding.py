@@ -125,13 +125,12 @@ class HashEmbedding(keras.layers.Layer):
 
     def build(self, input_shape=None) -> None:
         # The last row is the shared default row; zeros keep unknown ids neutral.
-        initial = self.initializer((self.capacity, self.embedding_size), "float32")
+        def initial(shape, dtype):
+            rows = self.initializer((self.capacity, self.embedding_size), dtype)
+            return tf.concat([rows, tf.zeros([1, self.embedding_size], dtype)], 0)
+
         self.embeddings = self.add_weight(
-            shape=(self.capacity + 1, self.embedding_size),
-            initializer=lambda shape, dtype: tf.concat(
-                [tf.cast(initial, dtype), tf.zeros([1, self.embedding_size], dtype)], 0
-            ),
-            name="embeddings",
+            shape=(self.capacity + 1, self.embedding_size), initializer=initial, name="embeddings"
         )
         super().build(input_shape)
 
@@ -159,11 +158,20 @@ class HashEmbedding(keras.layers.Layer):
         if by_slot:
             slots = tf.reshape(tf.cast(ids, tf.int64), [-1])
         else:
-            flat = tf.reshape(tf.convert_to_tensor(ids, dtype=self.key_dtype), [-1])
-            slots = self._resolve(flat) if training else self._lookup(flat)
+            slots = self.slots(ids, training)
         rows = self._gather(slots)
         shape = tf.concat([tf.shape(ids), [self.embedding_size]], 0)
         return tf.reshape(rows, shape)
+
+    def slots(self, ids, training: bool = False) -> tf.Tensor:
+        """Row numbers `(n,)` of `ids` (flattened), -1 for ids without a row.
+
+        With `training`, this is the step's bookkeeping (admission, refresh,
+        eviction): call it outside any mixed-precision Keras call, as `call` and
+        RecModel do, since it writes rows of the float32 variables.
+        """
+        flat = tf.reshape(tf.convert_to_tensor(ids, dtype=self.key_dtype), [-1])
+        return self._resolve(flat) if training else self._lookup(flat)
 
     def _gather(self, slots: tf.Tensor) -> tf.Tensor:
         """The default row gets no gradient; rows are clipped to `max_norm`."""
