@@ -313,14 +313,14 @@ class RedisSource:
         self.reconnects = 0
         self.exhausted = False  # a stream never ends
         self._after: tuple[int, int] | None = None
-        self._pending_first = True
+        self._pending_cursor: str | bytes | None = "0"
         self._delivered: collections.deque = collections.deque()
         self._group_ready = False
         self._backoff = 0.0
 
     def restore(self, position: str | None) -> None:
         self._after = _stream_id(position) if position else None
-        self._pending_first = True
+        self._pending_cursor = "0"
 
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
         try:
@@ -345,15 +345,20 @@ class RedisSource:
         self._group_ready = True
 
     def _read_entries(self, max_events: int, timeout: float) -> list:
-        if self._pending_first:
-            # Delivered to this consumer before a restart and never acknowledged.
+        while self._pending_cursor is not None:
+            # Delivered to this consumer before a restart and never acknowledged;
+            # the cursor walks the pending list once.
             reply = self.client.xreadgroup(
-                self.group, self.consumer, {self.stream: "0"}, count=max_events
+                self.group, self.consumer, {self.stream: self._pending_cursor}, count=max_events
             )
             entries = reply[0][1] if reply else []
+            if not entries:
+                self._pending_cursor = None
+                break
+            self._pending_cursor = entries[-1][0]
+            entries = self._skip_checkpointed(entries)
             if entries:
-                return self._skip_checkpointed(entries, max_events, timeout)
-            self._pending_first = False
+                return entries
         reply = self.client.xreadgroup(
             self.group,
             self.consumer,
@@ -363,7 +368,7 @@ class RedisSource:
         )
         return reply[0][1] if reply else []
 
-    def _skip_checkpointed(self, entries: list, max_events: int, timeout: float) -> list:
+    def _skip_checkpointed(self, entries: list) -> list:
         """Pending entries at or before the restored position were trained and
         checkpointed already: acknowledge them instead of training them twice."""
         if self._after is None:
@@ -371,9 +376,6 @@ class RedisSource:
         done = [entry_id for entry_id, _ in entries if _stream_id(entry_id) <= self._after]
         if done:
             self.client.xack(self.stream, self.group, *done)
-        if len(done) == len(entries):
-            # Re-read: the acknowledged ones left the pending list.
-            return self._read_entries(max_events, timeout)
         return entries[len(done) :]
 
     def _wait_to_reconnect(self, error: Exception) -> None:
