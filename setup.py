@@ -25,6 +25,7 @@ setup(
         "typing-extensions>=4.8",
         "mlperf-logging>=4.1,<5",
         "tensorboard>=2.20",
+        "redis>=5",
     ],
     extras_require={
         "test": ["pytest>=8", "ruff>=0.6"],
@@ -33,6 +34,7 @@ setup(
         "console_scripts": [
             "ncf-create-data=recommendation.create_ncf_data:run_main",
             "ncf-main=recommendation.ncf_main:run_main",
+            "ncf-online=recommendation.online_main:run_main",
         ],
     },
 )

@@ -240,7 +240,15 @@ def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
     class Serving(tf.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.network = network
+            # The layers, not the Keras model: saving a model adds Keras' own default
+            # signature, traced with float inputs.
+            self.layers = [
+                network.user_embedding,
+                network.item_embedding,
+                network.gmf,
+                *network.mlp,
+                network.logit,
+            ]
 
         @tf.function(
             input_signature=[
@@ -249,9 +257,9 @@ def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
             ]
         )
         def serve(self, user_id, item_id):
-            user = self.network.user_embedding(user_id)
-            item = self.network.item_embedding(item_id)
-            logits = tf.cast(self.network.score(user, item)[:, 0], tf.float32)
+            user = network.user_embedding(user_id)
+            item = network.item_embedding(item_id)
+            logits = tf.cast(network.score(user, item)[:, 0], tf.float32)
             return {"scores": tf.sigmoid(logits)}
 
     module = Serving()

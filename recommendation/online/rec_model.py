@@ -341,7 +341,7 @@ class RecModel:
         self.trained_ids: list = []  # source ids of the events of the last sink
         self.stop_training = False
         self._checkpoint: tf.train.Checkpoint | None = None
-        self._sink_call: Callable | None = None
+        self._sink_calls: dict[tuple, Callable] = {}  # by element dtypes and shapes
         self._eval_call: Callable | None = None
         self._dataset = None
 
@@ -452,9 +452,11 @@ class RecModel:
         self.step.assign_add(1)
         return {"loss": loss, **logs}
 
-    def _make_sink_call(self) -> Callable:
+    def _make_sink_call(self, stacked) -> Callable:
         """A graph function running `num_steps` steps over stacked batches; returns
-        the sum of each logged scalar."""
+        the sum of each logged scalar. It is traced once for any number of steps and
+        any batch size (a partial batch from a quiet stream must not stall training
+        for a retrace)."""
         jit = self.boost_level == "O2"
         resolvable = hasattr(self.network, "resolve")
         compiled = None
@@ -471,7 +473,11 @@ class RecModel:
         if jit and not resolvable:
             step = tf.function(step, jit_compile=True, reduce_retracing=True)
 
-        @tf.function(reduce_retracing=True)
+        signature = tf.nest.map_structure(
+            lambda t: tf.TensorSpec([None, None, *t.shape[2:]], t.dtype), stacked
+        )
+
+        @tf.function(input_signature=[signature, tf.TensorSpec([], tf.int32)])
         def call(stacked, num_steps):
             first = tf.nest.map_structure(lambda t: t[0], stacked)
             totals = step(first)
@@ -583,10 +589,11 @@ class RecModel:
 
     def _run_group(self, group: _Group) -> dict:
         self._build_optimizer()
-        if self._sink_call is None:
-            self._sink_call = self._make_sink_call()
         stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
-        totals = self._sink_call(stacked, tf.constant(group.num_steps))
+        key = tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked))
+        if key not in self._sink_calls:
+            self._sink_calls[key] = self._make_sink_call(stacked)
+        totals = self._sink_calls[key](stacked, tf.constant(group.num_steps))
         return {key: float(value) / group.num_steps for key, value in totals.items()}
 
     def eval(self, valid_dataset: Iterable, callbacks: list | None = None) -> dict[str, float]:
