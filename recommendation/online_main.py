@@ -29,7 +29,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from official.utils.flags import core
-from recommendation import ncf_common
+from recommendation import data_async_generation, ncf_common
 from recommendation.online import callbacks, online_ncf, sources
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, RecModel
@@ -54,6 +54,7 @@ class OnlineConfig:
         log_every_secs: Metric log cadence.
         max_events, max_seconds, idle_timeout_secs: Stop conditions (None: none).
         trained_events_log: Append the source id of every trained event here (audit).
+        summary_file: Write the run summary (with the metric history) here as JSON.
         seed: Fixes initial weights and sampling.
     """
 
@@ -82,6 +83,7 @@ class OnlineConfig:
     max_seconds: float | None = None
     idle_timeout_secs: float | None = None
     trained_events_log: str | None = None
+    summary_file: str | None = None
     seed: int | None = None
 
 
@@ -207,6 +209,8 @@ def run(config: OnlineConfig) -> dict:
         prequential_hr=float(np.mean(hr_values)) if hr_values else None,
         history=history,
     )
+    if config.summary_file:
+        data_async_generation.write_json_atomically(config.summary_file, summary)
     return summary
 
 
@@ -292,6 +296,9 @@ def define_online_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     )
     flags.DEFINE_string(
         "trained_events_log", None, "Append every trained event's id here.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "summary_file", None, "Write the summary and metric history here (JSON).", flag_values=fv
     )
     flags.DEFINE_integer("seed", None, "Seed for weights and sampling.", flag_values=fv)
     for name in (
@@ -388,6 +395,7 @@ def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> OnlineConf
         max_seconds=f.max_seconds,
         idle_timeout_secs=f.idle_timeout_secs,
         trained_events_log=f.trained_events_log,
+        summary_file=f.summary_file,
         seed=f.seed,
     )
 

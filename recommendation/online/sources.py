@@ -386,9 +386,9 @@ class RedisSource:
         time.sleep(self._backoff)
 
     def _parse(self, entries: list) -> EventChunk:
-        ids = [entry_id for entry_id, _ in entries]
+        ids = [entry_id.decode() for entry_id, _ in entries]
         self._delivered.extend(ids)
-        position = ids[-1].decode() if isinstance(ids[-1], bytes) else ids[-1]
+        position = ids[-1]
         try:  # the common case, vectorised: every entry has the three plain fields
             columns = [[fields[f.encode()] for _, fields in entries] for f in FIELDS]
             values = np.array(columns).astype(np.int64)
@@ -396,7 +396,7 @@ class RedisSource:
         except (KeyError, ValueError, TypeError):
             pass
         events, good_ids = [], []
-        for entry_id, fields in entries:
+        for entry_id, (_, fields) in zip(ids, entries, strict=True):
             try:
                 if not fields:
                     raise ValueError("the entry was deleted from the stream")
