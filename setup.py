@@ -25,7 +25,7 @@ setup(
         "typing-extensions>=4.8",
         "mlperf-logging>=4.1,<5",
         "tensorboard>=2.20",
-        "redis>=5",
+        "redis[hiredis]>=5",
     ],
     extras_require={
         "test": ["pytest>=8", "ruff>=0.6"],

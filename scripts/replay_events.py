@@ -120,26 +120,36 @@ def replay(
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("ratings", None, "MovieLens ratings file (ratings.dat, ratings.csv, u.data).")
-flags.DEFINE_enum("file_format", "auto", ["auto", *_FORMATS], "Layout of --ratings.")
-flags.DEFINE_string("redis_url", None, "Publish to this Redis (redis://host:port/db).")
-flags.DEFINE_string("stream", "events", "Redis stream key.")
-flags.DEFINE_string("events_dir", None, "Publish CSV event files into this folder instead.")
-flags.DEFINE_integer("file_events", 1_000_000, "Events per file in --events_dir.")
-flags.DEFINE_float("rate", 0.0, "Events per second (0: as fast as possible).")
-flags.DEFINE_integer("skip", 0, "Skip this many events (in time order) first.")
-flags.DEFINE_integer("limit", None, "Publish at most this many events.")
-flags.mark_flag_as_required("ratings")
-flags.register_multi_flags_validator(
-    ["redis_url", "events_dir"],
-    lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
-    message="give exactly one target: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
-)
-flags.register_validator("rate", lambda value: value >= 0, message="--rate must not be negative")
-flags.register_validator("skip", lambda value: value >= 0, message="--skip must not be negative")
-flags.register_validator(
-    "limit", lambda value: value is None or value > 0, message="--limit must be positive"
-)
+
+
+def define_flags() -> None:
+    """The command line (defined on demand: the benchmark imports this module)."""
+    flags.DEFINE_string(
+        "ratings", None, "MovieLens ratings file (ratings.dat, ratings.csv, u.data)."
+    )
+    flags.DEFINE_enum("file_format", "auto", ["auto", *_FORMATS], "Layout of --ratings.")
+    flags.DEFINE_string("redis_url", None, "Publish to this Redis (redis://host:port/db).")
+    flags.DEFINE_string("stream", "events", "Redis stream key.")
+    flags.DEFINE_string("events_dir", None, "Publish CSV event files into this folder instead.")
+    flags.DEFINE_integer("file_events", 1_000_000, "Events per file in --events_dir.")
+    flags.DEFINE_float("rate", 0.0, "Events per second (0: as fast as possible).")
+    flags.DEFINE_integer("skip", 0, "Skip this many events (in time order) first.")
+    flags.DEFINE_integer("limit", None, "Publish at most this many events.")
+    flags.mark_flag_as_required("ratings")
+    flags.register_multi_flags_validator(
+        ["redis_url", "events_dir"],
+        lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
+        message="give exactly one target: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
+    )
+    flags.register_validator(
+        "rate", lambda value: value >= 0, message="--rate must not be negative"
+    )
+    flags.register_validator(
+        "skip", lambda value: value >= 0, message="--skip must not be negative"
+    )
+    flags.register_validator(
+        "limit", lambda value: value is None or value > 0, message="--limit must be positive"
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -168,4 +178,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

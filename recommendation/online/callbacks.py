@@ -133,7 +133,7 @@ class ExportCallback(Callback):
         super().__init__()
         self.export_base, self.serving, self.keep = export_base, serving, keep
         self.schedule = _Schedule(every_steps, every_seconds)
-        self._module = None
+        self._exporter: export.Exporter | None = None
         self.exported: list[str] = []
 
     def on_train_begin(self, logs=None) -> None:
@@ -155,17 +155,10 @@ class ExportCallback(Callback):
         """Exports the current model now."""
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
-        if self._module is None:  # traced once, saved many times
-            self._module = self.serving(rec_model)
-        module, signatures = self._module
-        path = export.export_saved_model(
-            self.export_base,
-            step,
-            module,
-            signatures,
-            {"step": step, "position": rec_model.position},
-            self.keep,
-        )
+        if self._exporter is None:  # traced and saved once; later only the values
+            module, signatures = self.serving(rec_model)
+            self._exporter = export.Exporter(self.export_base, module, signatures, self.keep)
+        path = self._exporter.export(step, {"step": step, "position": rec_model.position})
         self.schedule.mark(step)
         self.exported.append(path)
         logging.info("exported %s", path)

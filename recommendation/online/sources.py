@@ -305,7 +305,10 @@ class RedisSource:
         dead_letter_stream: str | None = None,
         max_backoff: float = 2.0,
     ) -> None:
-        self.client = client
+        # A client of its own on the same connections, whose XREADGROUP replies stay
+        # raw lists: redis-py's per-entry dicts cost more than training on them.
+        self.client = redis.Redis(connection_pool=client.connection_pool)
+        self.client.set_response_callback("XREADGROUP", lambda reply, **options: reply)
         self.stream, self.group, self.consumer = stream, group, consumer
         self.dead_letter_stream = dead_letter_stream or f"{stream}:dead"
         self.max_backoff = max_backoff
@@ -351,7 +354,7 @@ class RedisSource:
             reply = self.client.xreadgroup(
                 self.group, self.consumer, {self.stream: self._pending_cursor}, count=max_events
             )
-            entries = reply[0][1] if reply else []
+            entries = self._entries(reply)
             if not entries:
                 self._pending_cursor = None
                 break
@@ -366,7 +369,14 @@ class RedisSource:
             count=max_events,
             block=max(1, int(timeout * 1000)),
         )
-        return reply[0][1] if reply else []
+        return self._entries(reply)
+
+    def _entries(self, reply) -> list:
+        """``[(id, [field, value, ...]), ...]`` of a raw XREADGROUP reply (a list of
+        [stream, entries] pairs, or with some parsers a mapping)."""
+        if not reply:
+            return []
+        return reply[self.stream.encode()] if isinstance(reply, dict) else reply[0][1]
 
     def _skip_checkpointed(self, entries: list) -> list:
         """Pending entries at or before the restored position were trained and
@@ -389,14 +399,16 @@ class RedisSource:
         ids = [entry_id.decode() for entry_id, _ in entries]
         self._delivered.extend(ids)
         position = ids[-1]
-        try:  # the common case, vectorised: every entry has the three plain fields
-            columns = [[fields[f.encode()] for _, fields in entries] for f in FIELDS]
-            values = np.array(columns).astype(np.int64)
-            return EventChunk(values[0], values[1], values[2], ids, position)
-        except (KeyError, ValueError, TypeError):
-            pass
+        try:  # the common case, vectorised: user, item, timestamp fields in that order
+            table = np.array([fields for _, fields in entries])
+            if table.ndim == 2 and table.shape[1] == 6 and _has_plain_fields(table):
+                values = table[:, 1::2].astype(np.int64)
+                return EventChunk(values[:, 0], values[:, 1], values[:, 2], ids, position)
+        except (ValueError, TypeError):
+            pass  # uneven, missing or non-integer fields: one by one below
         events, good_ids = [], []
-        for entry_id, (_, fields) in zip(ids, entries, strict=True):
+        for entry_id, (_, flat) in zip(ids, entries, strict=True):
+            fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
             try:
                 if not fields:
                     raise ValueError("the entry was deleted from the stream")
@@ -442,6 +454,12 @@ def _as_record(values) -> dict:
     if len(values) != len(FIELDS):
         raise ValueError(f"expected (user, item, timestamp), got {values!r}")
     return dict(zip(FIELDS, values, strict=True))
+
+
+def _has_plain_fields(table: np.ndarray) -> bool:
+    return all(
+        bool(np.all(table[:, 2 * index] == name.encode())) for index, name in enumerate(FIELDS)
+    )
 
 
 def _decode(fields: dict) -> dict:
