@@ -64,6 +64,22 @@ def test_step_end_callbacks_run_once_per_sink(sink_mode, sink_size, expected):
     assert model.position == 9 and model.trained_ids == [9]
 
 
+def test_train_runs_epochs_over_a_finite_dataset():
+    class Epochs(Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ended = []
+
+        def on_epoch_end(self, epoch, logs=None) -> None:
+            self.ended.append((epoch, logs["step"]))
+
+    data = [b.data for b in _batches(5)]
+    epochs = Epochs()
+    model = RecModel(_network(), _loss(), keras.optimizers.Adam(0.01))
+    summary = model.train(3, data, [epochs])  # sink_size -1: a whole epoch per sink
+    assert epochs.ended == [(0, 5), (1, 10), (2, 15)] and summary["steps"] == 15
+
+
 def test_loss_falls_and_eval_reports_named_metrics():
     model = RecModel(
         _network(), _loss(), keras.optimizers.Adam(0.05), metrics={"loss", "auc", "precision"}

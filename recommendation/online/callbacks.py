@@ -50,7 +50,34 @@ def _fsync_local(prefix: str) -> None:
             os.close(descriptor)
 
 
-class CheckpointCallback(Callback):
+class _Periodic(Callback):
+    """Runs `act` on a schedule (checked after every sink and while the stream is
+    quiet) and once more at the end if training advanced since."""
+
+    def __init__(self, every_steps: int | None, every_seconds: float | None) -> None:
+        super().__init__()
+        self.schedule = _Schedule(every_steps, every_seconds)
+
+    def act(self) -> str:
+        raise NotImplementedError
+
+    def on_train_begin(self, logs=None) -> None:
+        self.schedule.mark(int(self.rec_model.step.numpy()))
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if self.schedule.due(batch):
+            self.act()
+
+    def on_idle(self, logs=None) -> None:
+        if self.schedule.due(int(self.rec_model.step.numpy())):
+            self.act()
+
+    def on_train_end(self, logs=None) -> None:
+        if int(self.rec_model.step.numpy()) > self.schedule.last_step:
+            self.act()
+
+
+class CheckpointCallback(_Periodic):
     """Restores the latest checkpoint at the start; saves every N steps or seconds and
     at the end; after each save, commits the stream position it holds.
 
@@ -67,9 +94,8 @@ class CheckpointCallback(Callback):
         every_seconds: float | None = None,
         keep: int = 3,
     ) -> None:
-        super().__init__()
+        super().__init__(every_steps, every_seconds)
         self.directory, self.keep = directory, keep
-        self.schedule = _Schedule(every_steps, every_seconds)
         self.manager: tf.train.CheckpointManager | None = None
         self.restored_from: str | None = None
 
@@ -84,21 +110,9 @@ class CheckpointCallback(Callback):
             rec_model.after_restore()
             self.restored_from = latest
             logging.info("restored %s: step %d", latest, int(rec_model.step.numpy()))
-        self.schedule.mark(int(rec_model.step.numpy()))
+        super().on_train_begin(logs)
 
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        if self.schedule.due(batch):
-            self.save()
-
-    def on_idle(self, logs=None) -> None:
-        if self.schedule.due(int(self.rec_model.step.numpy())):
-            self.save()
-
-    def on_train_end(self, logs=None) -> None:
-        if int(self.rec_model.step.numpy()) > self.schedule.last_step:
-            self.save()
-
-    def save(self) -> str:
+    def act(self) -> str:
         """Checkpoints now, makes it durable, then commits the stream position."""
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
@@ -111,7 +125,7 @@ class CheckpointCallback(Callback):
         return path
 
 
-class ExportCallback(Callback):
+class ExportCallback(_Periodic):
     """Exports a serving SavedModel every N steps or seconds and at the end, as
     version <step> of `export_base` (atomically, keeping the last `keep`).
 
@@ -130,28 +144,12 @@ class ExportCallback(Callback):
         every_seconds: float | None = None,
         keep: int = 3,
     ) -> None:
-        super().__init__()
+        super().__init__(every_steps, every_seconds)
         self.export_base, self.serving, self.keep = export_base, serving, keep
-        self.schedule = _Schedule(every_steps, every_seconds)
         self._exporter: export.Exporter | None = None
         self.exported: list[str] = []
 
-    def on_train_begin(self, logs=None) -> None:
-        self.schedule.mark(int(self.rec_model.step.numpy()))
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        if self.schedule.due(batch):
-            self.export()
-
-    def on_idle(self, logs=None) -> None:
-        if self.schedule.due(int(self.rec_model.step.numpy())):
-            self.export()
-
-    def on_train_end(self, logs=None) -> None:
-        if int(self.rec_model.step.numpy()) > self.schedule.last_step:
-            self.export()
-
-    def export(self) -> str:
+    def act(self) -> str:
         """Exports the current model now."""
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
