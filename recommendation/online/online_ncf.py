@@ -186,7 +186,7 @@ class OnlineNeuMF(neumf_model.NeuMF):
         return config
 
 
-def _ids(values) -> dict:
+def _probe_batch(values) -> dict:
     return {
         constants.USER_COLUMN: tf.constant(values, tf.int64),
         constants.ITEM_COLUMN: tf.constant(values, tf.int64),
@@ -209,7 +209,7 @@ def build_online_model(params: OnlineParams) -> OnlineNeuMF:
         params.prequential_negatives,
         params.top_k,
     )
-    model(model.resolve(_ids([0]), training=False))
+    model(model.resolve(_probe_batch([0]), training=False))
     return model
 
 

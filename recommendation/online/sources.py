@@ -268,10 +268,7 @@ def _is_header(text: bytes) -> bool:
 def _parse_line(text: bytes, is_csv: bool) -> tuple[int, int, int]:
     if not is_csv:
         return parse_event(text)
-    fields = text.split(b",")
-    if len(fields) != 3:
-        raise ValueError(f"expected 3 comma-separated fields (user,item,timestamp), got {text!r}")
-    return parse_event(dict(zip(FIELDS, fields, strict=True)))
+    return parse_event(_as_record(text.split(b",")))
 
 
 def _stream_id(value: str | bytes) -> tuple[int, int]:
