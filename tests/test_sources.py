@@ -173,3 +173,19 @@ def test_redis_source_rides_out_a_server_restart(redis_server):
     assert [user for user, _ in events] == [5, 6, 7]
     source.commit(position)
     assert _pending(redis_server.client()) == 0
+
+
+def test_entries_delivered_in_a_reply_lost_to_a_dropped_connection_are_read_again(
+    redis_server,
+):
+    client = redis_server.client()
+    _publish(client, "events", [(u, u, u) for u in range(5)])
+    source = sources.RedisSource(redis_server.client(), "events", max_backoff=0.2)
+    assert source.read(2, 0.1).users.tolist() == [0, 1]
+    # Redis hands 2 and 3 to this consumer, but the reply never reaches the source.
+    client.xreadgroup("trainer", "trainer-0", {"events": ">"}, count=2)
+    redis_server.kill()
+    assert source.read(5, 0.1) is None
+    redis_server.start()
+    events, _ = _read_all(source)
+    assert [user for user, _ in events] == [2, 3, 4]  # nothing lost, nothing twice

@@ -314,6 +314,7 @@ class RedisSource:
         self.exhausted = False  # a stream never ends
         self._after: tuple[int, int] | None = None
         self._pending_cursor: str | bytes | None = "0"
+        self._last_read: str | None = None
         self._delivered: collections.deque = collections.deque()
         self._group_ready = False
         self._backoff = 0.0
@@ -389,13 +390,17 @@ class RedisSource:
         self._backoff = min(self.max_backoff, max(0.05, self._backoff * 2))
         self.reconnects += 1
         self._group_ready = False
+        # A read cut off mid-reply may have delivered entries (Redis put them in our
+        # pending list) that never arrived: walk the pending list again from after
+        # the last entry that did arrive.
+        self._pending_cursor = self._last_read or "0"
         logging.warning("redis unavailable (%s); retrying in %.2f s", error, self._backoff)
         time.sleep(self._backoff)
 
     def _parse(self, entries: list) -> EventChunk:
         ids = [entry_id.decode() for entry_id, _ in entries]
         self._delivered.extend(ids)
-        position = ids[-1]
+        position = self._last_read = ids[-1]
         try:  # the common case, vectorised: user, item, timestamp fields in that order
             table = np.array([fields for _, fields in entries])
             if table.ndim == 2 and table.shape[1] == 6 and _has_plain_fields(table):
