@@ -2,6 +2,8 @@
 
 from setuptools import find_packages, setup
 
+ONNX_REQUIRES = ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20"]
+
 setup(
     name="ncf-benchmark",
     version="0.1.0",
@@ -15,6 +17,8 @@ setup(
     packages=find_packages(
         include=["official", "official.*", "recommendation", "recommendation.*"]
     ),
+    # The NCF rules for the MLPerf compliance checker (scripts/check_mlperf_log.sh).
+    package_data={"recommendation": ["mlperf/*.yaml"]},
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "keras>=3.10,<4",
@@ -28,7 +32,9 @@ setup(
         "redis[hiredis]>=5",
     ],
     extras_require={
-        "test": ["pytest>=8", "ruff>=0.6"],
+        # --export_onnx: tf2onnx converts, onnxruntime checks the result.
+        "onnx": ONNX_REQUIRES,
+        "test": ["pytest>=8", "ruff>=0.6", *ONNX_REQUIRES],
     },
     entry_points={
         "console_scripts": [

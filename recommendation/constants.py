@@ -43,6 +43,9 @@ READY_FILE = "READY.json"  # producer: this folder is complete
 PRODUCER_LOG = "producer.log"
 EVAL_FOLDER = "eval"
 
+# The benchmark name in MLPerf compliance logs.
+MLPERF_BENCHMARK = "ncf"
+
 # How often each side of the protocol looks for the other's files.
 POLL_SEC = 0.05
 # Training cycles the producer may have written but the trainer not yet consumed.

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
+from official.utils.logs import mlperf_helper
 from recommendation import constants, data_preprocessing, stat_utils
 from recommendation.data_preprocessing import PreprocessedData
 
@@ -67,6 +68,9 @@ class GenerationParams:
         num_shards: TFRecord files per folder.
         cycles_to_buffer: Cycles written ahead of the trainer.
         num_workers: Threads sampling and writing (about 0.75 x cores).
+        mlperf_log_file: Where the producer writes its MLPerf compliance lines, for
+            the trainer to merge into its log ("" = no compliance logging).
+        mlperf_log_format: ``mllog`` or ``v0.5``.
     """
 
     cache_path: str
@@ -80,6 +84,8 @@ class GenerationParams:
     num_shards: int = constants.NUM_SHARDS
     cycles_to_buffer: int = constants.CYCLES_TO_BUFFER
     num_workers: int = DEFAULT_NUM_WORKERS
+    mlperf_log_file: str = ""
+    mlperf_log_format: str = mlperf_helper.MLLOG
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -314,12 +320,20 @@ class Producer:
         run_dir: The run folder shared with the trainer.
         params: What to generate.
         should_stop: Called between pieces of work; True ends the run.
+        mlperf: Where its MLPerf compliance events go (merged by the trainer).
     """
 
-    def __init__(self, run_dir: str, params: GenerationParams, should_stop) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        params: GenerationParams,
+        should_stop,
+        mlperf: mlperf_helper.MlperfLogger,
+    ) -> None:
         self.run_dir = run_dir
         self.params = params
         self.should_stop = should_stop
+        self.mlperf = mlperf
 
     def run(self) -> None:
         params = self.params
@@ -328,6 +342,8 @@ class Producer:
         exclusion = stat_utils.ExclusionIndex.from_csr(
             data.train_offsets, data.train_items, data.num_items
         )
+        # Each negative is drawn independently: an item may repeat for a user.
+        self.mlperf.event("input_hp_sample_train_replacement", True)
         with concurrent.futures.ThreadPoolExecutor(params.num_workers) as pool:
             self._write_eval(data, pool)
             epoch = params.first_epoch
@@ -341,7 +357,11 @@ class Producer:
         params = self.params
         self._progress("sampling evaluation negatives")
         start = time.monotonic()
+        self.mlperf.event("input_step_eval_neg_gen")
         blocks = eval_blocks(data, params.num_eval_negatives, params.seed)
+        self.mlperf.event("preproc_hp_num_eval", blocks.block_size - 1)
+        # Sampled negatives are drawn with replacement; fixed ones are used as given.
+        self.mlperf.event("preproc_hp_sample_eval_replacement", data.eval_negatives is None)
         folder = os.path.join(self.run_dir, constants.EVAL_FOLDER)
         num_batches = -(-len(blocks.users) // params.eval_users_per_batch)
         writers = open_writers(folder, params.num_shards)
@@ -393,9 +413,11 @@ class Producer:
             if self.should_stop():
                 raise ProducerStopped()
             self._progress(f"cycle {cycle}: sampling epoch {first_epoch + offset}")
+            self.mlperf.event("input_step_train_neg_gen", epoch_num=first_epoch + offset)
             epoch = training_epoch(
                 data, exclusion, params.num_neg, params.seed, first_epoch + offset, pool
             )
+            self.mlperf.event("input_size", len(epoch.users), epoch_num=first_epoch + offset)
             batches_per_epoch = -(-len(epoch.users) // params.batch_size)
             self._progress(f"cycle {cycle}: writing epoch {first_epoch + offset}")
             write_shards(
@@ -448,7 +470,13 @@ def run(run_dir: str, should_stop) -> None:
         os.path.join(run_dir, constants.ALIVE_FILE), {"pid": os.getpid(), "time": time.time()}
     )
     params = wait_for_params(run_dir, should_stop)
-    Producer(run_dir, params, should_stop).run()
+    mlperf = mlperf_helper.MlperfLogger(
+        params.mlperf_log_file or None, params.mlperf_log_format, constants.MLPERF_BENCHMARK
+    )
+    try:
+        Producer(run_dir, params, should_stop, mlperf).run()
+    finally:
+        mlperf.close()
 
 
 def main(argv: list[str]) -> None:

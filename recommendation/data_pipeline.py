@@ -24,10 +24,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
 
+from official.utils.misc import signals
 from recommendation import constants, data_async_generation
 from recommendation.data_async_generation import GenerationParams
 
@@ -102,6 +104,8 @@ class DataProducer:
             sharing a data_dir never touch each other's files).
         use_subprocess: False runs the producer in a thread of this process (debugging).
         stall_timeout_sec: Longest wait without producer progress before failing.
+        on_alive: Called once the producer is up, just before it is handed its work
+            (where MLPerf starts the run's clock).
     """
 
     def __init__(
@@ -110,8 +114,10 @@ class DataProducer:
         run_root: str,
         use_subprocess: bool = True,
         stall_timeout_sec: float = 300.0,
+        on_alive: Callable[[], None] | None = None,
     ) -> None:
         self.params = params
+        self.on_alive = on_alive
         self.run_dir = os.path.join(run_root, f"ncf_run_{int(time.time())}_{uuid.uuid4().hex[:8]}")
         self.use_subprocess = use_subprocess
         self.stall_timeout_sec = stall_timeout_sec
@@ -136,7 +142,7 @@ class DataProducer:
         tf.io.gfile.makedirs(self.run_dir)
         if threading.current_thread() is threading.main_thread():
             # SIGTERM becomes SystemExit so `stop` still runs and nothing is left behind.
-            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, signals.raise_system_exit)
         if self.use_subprocess:
             with open(self.log_path, "ab") as log:
                 self._process = subprocess.Popen(
@@ -161,6 +167,8 @@ class DataProducer:
             "start-up",
             timeout_sec=max(self.stall_timeout_sec, _STARTUP_TIMEOUT_SEC),
         )
+        if self.on_alive is not None:
+            self.on_alive()
         data_async_generation.write_json_atomically(
             os.path.join(self.run_dir, constants.PARAMS_FILE), self.params.to_json()
         )
@@ -254,10 +262,6 @@ class DataProducer:
             )
         elif self._thread is not None and not self._thread.is_alive():
             raise ProducerError(f"the data producer stopped while the trainer waited for {what}")
-
-
-def _raise_system_exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _mtime(path: str) -> int | None:

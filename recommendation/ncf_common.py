@@ -14,6 +14,7 @@ from absl import flags, logging
 
 from official.utils import flags as flags_core
 from official.utils.flags import core
+from official.utils.logs.mlperf_helper import MlperfOptions
 from recommendation import constants, movielens, synthetic_data
 from recommendation.data_preprocessing import DataConfig
 from recommendation.neumf_model import ModelParams
@@ -28,7 +29,7 @@ DATASET_DEFAULTS: dict[str, dict[str, object]] = {
         "mlp_regularization": ["0", "0", "0", "0"],
         "batch_size": 16384,
         "eval_batch_size": 160000,
-        "learning_rate": 0.001,
+        "learning_rate": 0.01,
         "train_epochs": 10,
         "enable_xla": True,
         "batches_per_step": 8,
@@ -169,7 +170,9 @@ class NcfConfig:
         use_subprocess: Run the data producer as its own process.
         data_stall_timeout_sec: Longest wait for a stalled producer.
         benchmark_log_dir, benchmark_test_id: JSON-lines benchmark log.
-        export_dir: Export a SavedModel there at the end.
+        export_dir: Export a SavedModel for serving there at the end.
+        export_onnx: Also export the scoring signature as ONNX (into export_dir).
+        mlperf: The MLPerf compliance log (None: none).
         flag_values: Every flag, for the benchmark log.
     """
 
@@ -198,6 +201,8 @@ class NcfConfig:
     benchmark_log_dir: str | None = None
     benchmark_test_id: str | None = None
     export_dir: str | None = None
+    export_onnx: bool = False
+    mlperf: MlperfOptions | None = None
     flag_values: dict = dataclasses.field(default_factory=dict)
 
 
@@ -212,6 +217,7 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags_core.define_performance(fv)
     flags_core.define_distribution(fv)
     flags_core.define_benchmark(fv)
+    flags_core.define_mlperf(fv)
     flags.DEFINE_integer(
         "num_factors", 8, "Embedding width of the GMF (MF) part.", short_name="nf", flag_values=fv
     )
@@ -251,12 +257,6 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         flag_values=fv,
     )
     flags.DEFINE_integer("top_k", 10, "k of HR@k and NDCG@k.", flag_values=fv)
-    flags.DEFINE_boolean(
-        "output_ml_perf_compliance_logging",
-        False,
-        "Write an MLPerf compliance log.",
-        flag_values=fv,
-    )
     flags.DEFINE_boolean("use_xla_for_gpu", False, "Compile with XLA when on GPU.", flag_values=fv)
     flags.DEFINE_alias("use_xla", "enable_xla", flag_values=fv)
     flags.DEFINE_integer(
@@ -270,6 +270,19 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         False,
         "Update only the embedding rows in each batch (lazy Adam) instead of "
         "dense Adam over whole tables (the MLPerf reference).",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
+        "export_onnx",
+        False,
+        "With --export_dir, also write the scoring signature as EXPORT_DIR/model.onnx "
+        "(tf2onnx; needs pip install -e '.[onnx]').",
+        flag_values=fv,
+    )
+    flags.register_multi_flags_validator(
+        ["export_onnx", "export_dir"],
+        lambda values: not values["export_onnx"] or bool(values["export_dir"]),
+        message="--export_onnx needs --export_dir: the ONNX model is written into it",
         flag_values=fv,
     )
     flags.DEFINE_boolean(
@@ -312,6 +325,15 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "mlp_regularization",
         lambda value: all(_is_non_negative_float(v) for v in value),
         message="--mlp_regularization values must be numbers >= 0",
+        flag_values=fv,
+    )
+    flags.register_multi_flags_validator(
+        ["output_ml_perf_compliance_logging", "use_synthetic_data"],
+        lambda values: (
+            not (values["output_ml_perf_compliance_logging"] and values["use_synthetic_data"])
+        ),
+        message="--output_ml_perf_compliance_logging needs real training "
+        "(--use_synthetic_data has no evaluation to log)",
         flag_values=fv,
     )
     for name in ("beta1", "beta2"):
@@ -433,6 +455,10 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
         benchmark_log_dir=fv.benchmark_log_dir,
         benchmark_test_id=fv.benchmark_test_id,
         export_dir=fv.export_dir,
+        export_onnx=fv.export_onnx,
+        mlperf=flags_core.mlperf_options_from_flags(
+            fv, default_dir=fv.model_dir, benchmark=constants.MLPERF_BENCHMARK
+        ),
         flag_values={
             name: fv[name].value
             for name in fv

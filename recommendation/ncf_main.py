@@ -19,14 +19,16 @@ import time
 import tensorflow as tf
 from absl import app, flags, logging
 
+from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BenchmarkLogger
+from official.utils.logs.mlperf_helper import MlperfLogger
 from official.utils.misc import distribution_utils
 from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import ModelState, Runner
+from official.utils.misc.runner import Runner
 from recommendation import (
-    constants,
     data_pipeline,
     data_preprocessing,
+    export,
     movielens,
     ncf_common,
     neumf_model,
@@ -34,7 +36,6 @@ from recommendation import (
 from recommendation.data_async_generation import GenerationParams
 from recommendation.data_preprocessing import PreprocessedData
 from recommendation.ncf_common import NcfConfig
-from recommendation.neumf_model import ModelParams
 
 
 def _cycles(first_epoch: int, train_epochs: int, epochs_between_evals: int) -> tuple[int, ...]:
@@ -51,29 +52,47 @@ def _eval_users_per_batch(config: NcfConfig, block: int, replicas: int, num_user
 
 
 class _EpochProgress:
-    """One progress bar per epoch, fed with the runner's cumulative step counts."""
+    """Follows one `Runner.train` call through its epochs, fed with the runner's
+    cumulative step counts: a progress bar per epoch (if `show`) and MLPerf
+    ``epoch_start``/``epoch_stop`` at epoch boundaries (as seen after each call)."""
 
-    def __init__(self, first_epoch: int, batches_per_epoch: int, show: bool) -> None:
-        self.first_epoch, self.batches = first_epoch, batches_per_epoch
+    def __init__(
+        self,
+        first_epoch: int,
+        epochs: int,
+        batches_per_epoch: int,
+        show: bool,
+        mlperf: MlperfLogger | None = None,
+    ) -> None:
+        self.first_epoch, self.epochs, self.batches = first_epoch, epochs, batches_per_epoch
         self.show = show
+        self.mlperf = mlperf if mlperf is not None else MlperfLogger(None)
         self.bar: ProgressBar | None = None
-        self.epoch = -1
+        self.epoch = 0  # within this call
+        self._begin()
+
+    def _begin(self) -> None:
+        number = self.first_epoch + self.epoch
+        self.mlperf.event("epoch_start", epoch_num=number)
+        if self.show:
+            self.bar = ProgressBar(self.batches, f"epoch {number}", unit=" batches")
+
+    def _end(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.batches - self.bar.done)
+            self.bar.close()
+        self.mlperf.event("epoch_stop", epoch_num=self.first_epoch + self.epoch)
 
     def __call__(self, steps_done: int, sums: dict) -> None:
-        if not self.show:
-            return
-        while steps_done > 0 and (steps_done - 1) // self.batches > self.epoch:
-            if self.bar is not None:
-                self.bar.close()
+        while self.epoch + 1 < self.epochs and steps_done >= (self.epoch + 1) * self.batches:
+            self._end()
             self.epoch += 1
-            self.bar = ProgressBar(
-                self.batches, f"epoch {self.first_epoch + self.epoch}", unit=" batches"
-            )
-        self.bar.update(steps_done - self.epoch * self.batches - self.bar.done)
+            self._begin()
+        if self.bar is not None:
+            self.bar.update(steps_done - self.epoch * self.batches - self.bar.done)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self._end()
 
 
 @dataclasses.dataclass
@@ -92,6 +111,8 @@ class RunResult:
 def run(config: NcfConfig) -> RunResult:
     """Runs training as `config` says."""
     start = time.perf_counter()
+    if config.export_onnx:
+        export.require_onnx()  # before training, not after it
     if config.seed is not None:
         # Same seed, same initial weights; with op determinism, same metrics on CPU.
         tf.keras.utils.set_random_seed(config.seed)
@@ -104,7 +125,31 @@ def run(config: NcfConfig) -> RunResult:
     replicas = strategy.num_replicas_in_sync
     if config.batch_size % replicas:
         raise ValueError(f"--batch_size {config.batch_size} must divide by {replicas} replicas")
-    data = data_preprocessing.load_or_build(config.data).data
+    # Before the compliance log opens: by default it lives in model_dir.
+    if config.clean and tf.io.gfile.exists(config.model_dir):
+        tf.io.gfile.rmtree(config.model_dir)
+    chief = distribution_utils.is_chief(strategy)
+    with mlperf_helper.session(config.mlperf if chief else None) as mlperf:
+        data = data_preprocessing.load_or_build(config.data).data
+        runner = _make_runner(config, data, strategy)
+        benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
+        benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
+        if config.use_synthetic_data:
+            return RunResult(_run_synthetic(config, data, runner, start), runner)
+        summary = _train_and_evaluate(config, data, runner, benchmark, mlperf, start)
+    if config.export_dir and chief:
+        parity = export.export_serving(runner, data, config.export_dir, config.export_onnx)
+        summary["export_dir"] = config.export_dir
+        if parity is not None:
+            summary["onnx_max_score_difference"] = parity
+    benchmark.log("summary", **summary)
+    return RunResult(summary, runner)
+
+
+def _make_runner(
+    config: NcfConfig, data: PreprocessedData, strategy: tf.distribute.Strategy
+) -> Runner:
+    """The runner for NeuMF sized to `data`, resumed from model_dir if it holds a run."""
     block = (
         data.eval_negatives.shape[1]
         if data.eval_negatives is not None
@@ -113,11 +158,9 @@ def run(config: NcfConfig) -> RunResult:
     model_params = dataclasses.replace(
         config.model, num_users=data.num_users, num_items=data.num_items, eval_block_size=block
     )
-    if config.clean and tf.io.gfile.exists(config.model_dir):
-        tf.io.gfile.rmtree(config.model_dir)
     runner = Runner(
         neumf_model.model_fn,
-        _build_state,
+        neumf_model.build_state,
         model_params,
         config.model_dir,
         strategy,
@@ -125,51 +168,21 @@ def run(config: NcfConfig) -> RunResult:
         jit_compile=config.enable_xla,
     )
     runner.restore()
-    chief = runner.is_chief
-    benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
-    benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
-    if config.use_synthetic_data:
-        return RunResult(_run_synthetic(config, data, runner, start), runner)
-    summary = _train_and_evaluate(config, data, runner, block, replicas, benchmark, start)
-    if config.export_dir and chief:
-        runner.export_saved_model(config.export_dir, _serving_specs())
-        summary["export_dir"] = config.export_dir
-    benchmark.log("summary", **summary)
-    return RunResult(summary, runner)
-
-
-def _build_state(params: ModelParams) -> ModelState:
-    return ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
-
-
-def _serving_specs() -> list[tf.TensorSpec]:
-    return [
-        tf.TensorSpec([None], tf.int32, constants.USER_COLUMN),
-        tf.TensorSpec([None], tf.int32, constants.ITEM_COLUMN),
-    ]
+    return runner
 
 
 def _train_and_evaluate(
-    config,
+    config: NcfConfig,
     data: PreprocessedData,
     runner: Runner,
-    block: int,
-    replicas: int,
     benchmark: BenchmarkLogger,
+    mlperf: MlperfLogger,
     start: float,
 ) -> dict:
     first_epoch = int(runner.completed_epochs.numpy())
     cycles = _cycles(first_epoch, config.train_epochs, config.epochs_between_evals)
-    params = GenerationParams(
-        cache_path=os.path.join(config.data.resolved_cache_dir(), data_preprocessing.CACHE_FILE),
-        batch_size=config.batch_size,
-        eval_users_per_batch=_eval_users_per_batch(config, block, replicas, data.num_users),
-        num_neg=config.num_neg,
-        num_eval_negatives=block - 1,
-        epochs_per_cycle=cycles,
-        seed=config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "big"),
-        first_epoch=first_epoch,
-    )
+    params = _generation_params(config, data, runner, cycles, first_epoch, mlperf)
+    _log_hparams(mlperf, config, data, params)
     writer = tf.summary.create_file_writer(config.model_dir) if runner.is_chief else None
     best = {"hr": 0.0, "ndcg": 0.0, "epoch": first_epoch}
     summary = {
@@ -180,10 +193,17 @@ def _train_and_evaluate(
         "first_wait_seconds": 0.0,
         "wait_seconds": 0.0,
     }
+
+    def start_run() -> None:
+        # Data is prepared and the producer is up: MLPerf's clock starts as it gets work.
+        mlperf.event("init_stop")
+        mlperf.event("run_start")
+
     run_root = os.path.join(config.data.resolved_cache_dir(), "runs")
     with data_pipeline.DataProducer(
-        params, run_root, config.use_subprocess, config.data_stall_timeout_sec
+        params, run_root, config.use_subprocess, config.data_stall_timeout_sec, start_run
     ) as producer:
+        mlperf.event("train_loop")
         eval_info = producer.eval_data()
         epoch = first_epoch
         for index, epochs in enumerate(cycles):
@@ -192,7 +212,9 @@ def _train_and_evaluate(
             # The first cycle cannot overlap training; later waits are pipeline stalls.
             key = "first_wait_seconds" if index == 0 else "wait_seconds"
             summary[key] += time.perf_counter() - waited
-            progress = _EpochProgress(epoch, info.batches_per_epoch, runner.is_chief)
+            progress = _EpochProgress(
+                epoch, epochs, info.batches_per_epoch, runner.is_chief, mlperf
+            )
             train = runner.train(
                 lambda i=info: data_pipeline.train_input_fn(i), info.num_batches, progress
             )
@@ -201,44 +223,23 @@ def _train_and_evaluate(
             epoch += epochs
             runner.completed_epochs.assign(epoch)
             runner.save_checkpoint()
+            mlperf.event("eval_start", epoch_num=epoch - 1)
             evaluation = runner.evaluate(
                 lambda: data_pipeline.eval_input_fn(eval_info), eval_info.num_batches
             )
+            mlperf.event("eval_accuracy", evaluation["hr"], epoch_num=epoch - 1)
+            mlperf.event("eval_stop", epoch_num=epoch - 1)
             summary["epochs"] = epoch
             summary["train_points"] += train["num_points"]
             summary["train_seconds"] += train["seconds"]
-            rate = train["num_points"] / train["seconds"]
-            logging.info(
-                "epoch %d: loss=%.4f HR@%d=%.4f NDCG@%d=%.4f (%.0f examples/s, eval %.1f s)",
-                epoch - 1,
-                train["loss"],
-                config.model.top_k,
-                evaluation["hr"],
-                config.model.top_k,
-                evaluation["ndcg"],
-                rate,
-                evaluation["seconds"],
-            )
-            if writer is not None:
-                with writer.as_default(step=runner.global_step):
-                    tf.summary.scalar("loss", train["loss"])
-                    tf.summary.scalar("hr", evaluation["hr"])
-                    tf.summary.scalar("ndcg", evaluation["ndcg"])
-                    tf.summary.scalar("examples_per_second", rate)
-            benchmark.log(
-                "evaluation",
-                epoch=epoch - 1,
-                loss=train["loss"],
-                hr=evaluation["hr"],
-                ndcg=evaluation["ndcg"],
-                examples_per_second=rate,
-                global_step=runner.global_step,
-            )
+            _report(config, runner, writer, benchmark, epoch - 1, train, evaluation)
             if evaluation["hr"] > best["hr"]:
                 best = {"hr": evaluation["hr"], "ndcg": evaluation["ndcg"], "epoch": epoch - 1}
             if evaluation["hr"] >= config.hr_threshold:
                 summary["time_to_target_s"] = time.perf_counter() - start
                 break
+        reached = summary["time_to_target_s"] is not None
+        mlperf.event("run_stop", status=mlperf_helper.SUCCESS if reached else mlperf_helper.ABORTED)
     summary.update(
         best_hr=best["hr"],
         best_ndcg=best["ndcg"],
@@ -249,10 +250,103 @@ def _train_and_evaluate(
     return summary
 
 
+def _generation_params(
+    config: NcfConfig,
+    data: PreprocessedData,
+    runner: Runner,
+    cycles: tuple[int, ...],
+    first_epoch: int,
+    mlperf: MlperfLogger,
+) -> GenerationParams:
+    """What the producer is asked to generate for the remaining `cycles`."""
+    block = runner.params.eval_block_size
+    replicas = runner.strategy.num_replicas_in_sync
+    return GenerationParams(
+        cache_path=os.path.join(config.data.resolved_cache_dir(), data_preprocessing.CACHE_FILE),
+        batch_size=config.batch_size,
+        eval_users_per_batch=_eval_users_per_batch(config, block, replicas, data.num_users),
+        num_neg=config.num_neg,
+        num_eval_negatives=block - 1,
+        epochs_per_cycle=cycles,
+        seed=config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "big"),
+        first_epoch=first_epoch,
+        mlperf_log_file=mlperf.part_file,
+        mlperf_log_format=mlperf.log_format,
+    )
+
+
+def _log_hparams(
+    mlperf: MlperfLogger, config: NcfConfig, data: PreprocessedData, params: GenerationParams
+) -> None:
+    """The run's hyper-parameters and data sizes, once, as MLPerf NCF reported them."""
+    model = config.model
+    block = params.num_eval_negatives + 1
+    for key, value in {
+        "global_batch_size": config.batch_size,
+        "opt_name": "lazy_adam" if model.sparse_updates else "adam",
+        "opt_base_learning_rate": model.learning_rate,
+        "opt_adam_beta_1": model.beta1,
+        "opt_adam_beta_2": model.beta2,
+        "opt_adam_epsilon": model.epsilon,
+        "seed": params.seed,
+        "preproc_hp_min_ratings": config.data.min_num_ratings,
+        "input_hp_num_neg": config.num_neg,
+        "eval_hp_num_neg": params.num_eval_negatives,
+        "model_hp_mf_dim": model.mf_dim,
+        "model_hp_mlp_layer_sizes": list(model.layers),
+        "model_hp_loss_fn": "binary_cross_entropy",
+        "train_samples": data.num_train_positives,
+        "eval_samples": data.num_users,
+        "eval_size": data.num_users * block,
+        "eval_target": config.hr_threshold,
+    }.items():
+        mlperf.event(key, value)
+
+
+def _report(
+    config: NcfConfig,
+    runner: Runner,
+    writer: tf.summary.SummaryWriter | None,
+    benchmark: BenchmarkLogger,
+    epoch: int,
+    train: dict,
+    evaluation: dict,
+) -> None:
+    """One evaluation to the log, TensorBoard and the benchmark log."""
+    rate = train["num_points"] / train["seconds"]
+    top_k = config.model.top_k
+    logging.info(
+        "epoch %d: loss=%.4f HR@%d=%.4f NDCG@%d=%.4f (%.0f examples/s, eval %.1f s)",
+        epoch,
+        train["loss"],
+        top_k,
+        evaluation["hr"],
+        top_k,
+        evaluation["ndcg"],
+        rate,
+        evaluation["seconds"],
+    )
+    if writer is not None:
+        with writer.as_default(step=runner.global_step):
+            tf.summary.scalar("loss", train["loss"])
+            tf.summary.scalar("hr", evaluation["hr"])
+            tf.summary.scalar("ndcg", evaluation["ndcg"])
+            tf.summary.scalar("examples_per_second", rate)
+    benchmark.log(
+        "evaluation",
+        epoch=epoch,
+        loss=train["loss"],
+        hr=evaluation["hr"],
+        ndcg=evaluation["ndcg"],
+        examples_per_second=rate,
+        global_step=runner.global_step,
+    )
+
+
 def _run_synthetic(config: NcfConfig, data: PreprocessedData, runner: Runner, start: float) -> dict:
     """Pure throughput: random in-memory batches, the real model and step, no eval."""
     steps = -(-data.num_train_positives * (1 + config.num_neg) // config.batch_size)
-    progress = _EpochProgress(0, steps, runner.is_chief)
+    progress = _EpochProgress(0, config.train_epochs, steps, runner.is_chief)
     result = runner.train(
         lambda: data_pipeline.synthetic_train_input_fn(
             config.batch_size, data.num_users, data.num_items, config.seed or 0
@@ -295,7 +389,12 @@ def main(argv: list[str]) -> None:
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
     try:
         summary = run(config).summary
-    except (movielens.DataError, data_pipeline.ProducerError, ValueError) as error:
+    except (
+        movielens.DataError,
+        data_pipeline.ProducerError,
+        export.ExportError,
+        ValueError,
+    ) as error:
         sys.exit(f"error: {error}")
     print(summary_line(summary, config.model.top_k))
 

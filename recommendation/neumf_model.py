@@ -178,18 +178,60 @@ class NeuMF(keras.Model):
         return batch_size is not None and self.num_users + self.num_items < 2 * batch_size
 
     def _first_layer_from_tables(self, users, items):
-        first = self.mlp[0]
-        half = self.layer_sizes[0] // 2
-        kernel = keras.ops.cast(first.kernel, self.compute_dtype)
         tables = [
             keras.ops.cast(embedding.embeddings[:, self.mf_dim :], self.compute_dtype)
             for embedding in (self.user_embedding, self.item_embedding)
         ]
-        user_part = keras.ops.take(keras.ops.matmul(tables[0], kernel[:half]), users, axis=0)
-        item_part = keras.ops.take(keras.ops.matmul(tables[1], kernel[half:]), items, axis=0)
-        return first.activation(
-            user_part + item_part + keras.ops.cast(first.bias, self.compute_dtype)
+        user_table, item_table = self._first_layer_terms(*tables)
+        return self._first_layer_output(
+            keras.ops.take(user_table, users, axis=0), keras.ops.take(item_table, items, axis=0)
         )
+
+    def _first_layer_terms(self, user_mlp, item_mlp):
+        """``u W_u`` and ``i W_i``: the user and item halves of the first MLP layer."""
+        half = self.layer_sizes[0] // 2
+        kernel = keras.ops.cast(self.mlp[0].kernel, self.compute_dtype)
+        return keras.ops.matmul(user_mlp, kernel[:half]), keras.ops.matmul(item_mlp, kernel[half:])
+
+    def _first_layer_output(self, user_term, item_term):
+        first = self.mlp[0]
+        return first.activation(
+            user_term + item_term + keras.ops.cast(first.bias, self.compute_dtype)
+        )
+
+    def score_all_items(self, users):
+        """Logits of every item for each of `users`: what top-k recommendation needs.
+
+        The same function of the weights as `call` on every (user, item) pair, but each
+        user row and the item table go through the first MLP layer once (see
+        `_project_tables_first`) instead of once per pair.
+
+        Args:
+            users: `(batch,)` int32 user indexes.
+        Returns:
+            `(batch, num_items)` logits in the compute dtype.
+        """
+        user = self.user_embedding(users)[:, None, :]
+        items = keras.ops.cast(self.item_embedding.embeddings, self.compute_dtype)[None]
+        gmf = self.gmf(user[..., : self.mf_dim], items[..., : self.mf_dim])
+        if self.mlp:
+            mlp = self._first_layer_output(
+                *self._first_layer_terms(user[..., self.mf_dim :], items[..., self.mf_dim :])
+            )
+            for layer in self.mlp[1:]:
+                mlp = layer(mlp)
+        else:
+            shape = keras.ops.shape(gmf)[:2]
+            mlp = keras.ops.concatenate(
+                [
+                    keras.ops.broadcast_to(
+                        part[..., self.mf_dim :], (*shape, part.shape[-1] - self.mf_dim)
+                    )
+                    for part in (user, items)
+                ],
+                axis=-1,
+            )
+        return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))[..., 0]
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -267,6 +309,11 @@ def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
     if params.dtype == "fp16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
+
+
+def build_state(params: ModelParams) -> ModelState:
+    """The model and optimiser a `Runner` trains (its ``build_state``)."""
+    return ModelState(build_model(params), build_optimizer(params))
 
 
 # ---------------------------------------------------------------------------

@@ -1,16 +1,26 @@
-"""Shared helpers: small MovieLens-format files written into pytest's tmp_path."""
+"""Shared helpers: small MovieLens-format files in tmp_path, and one trained export."""
 
 from __future__ import annotations
 
+import csv
+import dataclasses
+import io
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 
+import keras
 import pytest
 import redis
+
+from recommendation import data_preprocessing, ncf_main, synthetic_data
+from recommendation.data_preprocessing import DataConfig, PreprocessedData
+from recommendation.ncf_common import NcfConfig
+from recommendation.neumf_model import ModelParams
 
 # Rows of (user, item, timestamp) used by several tests: three users, 4/2/3 ratings.
 TINY_ROWS = [
@@ -25,6 +35,20 @@ TINY_ROWS = [
     (30, 70000, 60),
 ]
 
+# A tiny ncf-main command line (seconds to train): synthetic data, a small model.
+TINY_NCF_MAIN_FLAGS = [
+    "--dataset=synthetic",
+    "--synthetic_num_users=200",
+    "--synthetic_num_items=150",
+    "--synthetic_num_ratings=8000",
+    "--batch_size=1024",
+    "--num_eval_negatives=49",
+    "--num_factors=4",
+    "--layers=8,4",
+    "--mlp_regularization=0,0",
+    "--seed=2",
+]
+
 
 def write_movielens(path: str, rows: Iterable[tuple[int, int, int]], kind: str) -> str:
     """Writes `rows` as a ``dat`` (::), ``u.data`` (tab) or ``csv`` (header) ratings file."""
@@ -37,6 +61,29 @@ def write_movielens(path: str, rows: Iterable[tuple[int, int, int]], kind: str) 
         lines.append(separator.join(str(v) for v in (user, item, 4, timestamp)))
     with open(path, "w", newline="") as out:
         out.write("\n".join(lines) + "\n")
+    return path
+
+
+def write_movies(path: str, titles: dict[int, str], kind: str) -> str:
+    """Writes `titles` as MovieLens ``movies.dat`` (Latin-1), ``movies.csv`` (UTF-8,
+    quoted titles) or ML-100K ``u.item`` (Latin-1) into `path`."""
+    lines = []
+    if kind == "movies.csv":
+        stream = io.StringIO()
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(["movieId", "title", "genres"])
+        writer.writerows([movie, title, "Drama|Comedy"] for movie, title in titles.items())
+        contents = stream.getvalue().encode("utf-8")
+    else:
+        for movie, title in titles.items():
+            if kind == "movies.dat":
+                lines.append(f"{movie}::{title}::Drama|Comedy")
+            else:  # u.item: id|title|release date|video date|IMDb URL|19 genre flags
+                fields = [str(movie), title, "01-Jan-1995", "", "http://x"] + ["0"] * 19
+                lines.append("|".join(fields))
+        contents = ("\n".join(lines) + "\n").encode("latin-1")
+    with open(path, "wb") as out:
+        out.write(contents)
     return path
 
 
@@ -117,3 +164,72 @@ def redis_server(tmp_path):
     server.start()
     yield server
     server.kill()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_SPEC = synthetic_data.SyntheticSpec(num_users=300, num_items=200, num_ratings=12_000)
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs ``python -m module args`` from the checkout; captures its output."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+def tiny_ncf_config(root, **overrides) -> NcfConfig:
+    """The test configuration of ncf_main (Flax-style): 300 users, a small NeuMF."""
+    values = dict(
+        data=DataConfig(dataset="synthetic", data_dir=str(root / "data"), synthetic=TINY_SPEC),
+        model_dir=str(root / "model"),
+        train_epochs=2,
+        batch_size=2048,
+        num_eval_negatives=99,
+        seed=1,
+        model=ModelParams(
+            num_users=0,
+            num_items=0,
+            mf_dim=8,
+            layers=(16, 8),
+            mlp_regularization=(0.0, 0.0),
+            learning_rate=0.01,
+        ),
+    )
+    values.update(overrides)
+    return NcfConfig(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedExport:
+    """A NeuMF trained briefly on generated data and exported with ONNX (`trained_export`)."""
+
+    export_dir: str
+    config: NcfConfig
+    data: PreprocessedData
+    model: keras.Model
+    onnx_max_difference: float
+
+
+@pytest.fixture(scope="session")
+def trained_export(tmp_path_factory) -> TrainedExport:
+    """One `ncf_main.run` (1 epoch) with --export_dir and --export_onnx."""
+    root = tmp_path_factory.mktemp("trained")
+    config = tiny_ncf_config(
+        root,
+        train_epochs=1,
+        num_eval_negatives=49,
+        export_dir=str(root / "export"),
+        export_onnx=True,
+    )
+    result = ncf_main.run(config)
+    return TrainedExport(
+        export_dir=config.export_dir,
+        config=config,
+        data=data_preprocessing.load_or_build(config.data).data,
+        model=result.runner.state.model,
+        onnx_max_difference=result.summary["onnx_max_score_difference"],
+    )

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
-from conftest import TINY_ROWS, write_movielens
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import TINY_ROWS, run_module, write_movielens
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recommendation.create_ncf_data", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return run_module("recommendation.create_ncf_data", *args)
 
 
 def test_synthetic_offline_prints_statistics(tmp_path):

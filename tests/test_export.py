@@ -1,50 +1,197 @@
-"""Versioned exports: the first a full SavedModel, later ones the same graph with new
-values; old versions removed."""
+"""Serving export: raw-id signatures, a fresh process, ONNX parity, the export command."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
+import onnxruntime
+import pytest
 import tensorflow as tf
 
-from recommendation.online import export
+from recommendation import constants, export
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Loads an export in a new interpreter; prints serving_default and recommend outputs.
+_SERVE_SCRIPT = """
+import json, sys, tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+request = json.loads(sys.argv[2])
+scored = loaded.signatures["serving_default"](
+    user_id=tf.constant(request["users"], tf.int64),
+    item_id=tf.constant(request["items"], tf.int64),
+)
+out = {key: value.numpy().tolist() for key, value in scored.items()}
+for exclude in (True, False):
+    top = loaded.signatures["recommend"](
+        user_id=tf.constant(request["all_users"], tf.int64),
+        k=tf.constant(10),
+        exclude_seen=tf.constant(exclude),
+    )
+    out[f"recommend_{exclude}"] = {key: value.numpy().tolist() for key, value in top.items()}
+print(json.dumps(out).replace("NaN", "null"))
+"""
 
 
-class _Scaler(tf.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = tf.Variable(1.0)
-        self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, 0.0)
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
-    def serve(self, keys):
-        return {"scores": self.weight * self.table.lookup(keys)}
+def _in_memory_scores(model, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Probabilities from the trained Keras model, on dense indexes."""
+    features = {
+        constants.USER_COLUMN: tf.constant(users, tf.int32),
+        constants.ITEM_COLUMN: tf.constant(items, tf.int32),
+    }
+    return tf.sigmoid(model(features)[:, 0]).numpy()
 
 
-def _served(path: str, keys) -> np.ndarray:
-    signature = tf.saved_model.load(path).signatures["serving_default"]
-    return signature(keys=tf.constant(keys, tf.int64))["scores"].numpy()
+def _all_scores(trained) -> np.ndarray:
+    """`(num_users, num_items)` in-memory probabilities of every pair."""
+    data = trained.data
+    users = np.repeat(np.arange(data.num_users), data.num_items)
+    items = np.tile(np.arange(data.num_items), data.num_users)
+    return _in_memory_scores(trained.model, users, items).reshape(data.num_users, -1)
 
 
-def test_later_versions_carry_new_values_and_old_ones_go(tmp_path):
-    module = _Scaler()
-    exporter = export.Exporter(str(tmp_path), module, {"serving_default": module.serve}, keep=2)
-    module.table.insert(tf.constant([1], tf.int64), tf.constant([2.0]))
-    first = exporter.export(10, {"position": "a"})
-    module.weight.assign(3.0)
-    module.table.insert(tf.constant([5], tf.int64), tf.constant([7.0]))
-    second = exporter.export(20, {"position": "b"})
-    np.testing.assert_allclose(_served(first, [1, 5]), [2.0, 0.0])
-    np.testing.assert_allclose(_served(second, [1, 5]), [6.0, 21.0])
-    exporter.export(30, {"position": "c"})
-    assert export.versions(str(tmp_path)) == [20, 30]
-    assert export.latest_export(str(tmp_path)) == os.path.join(str(tmp_path), "30")
-    info = export.read_info(export.latest_export(str(tmp_path)))
-    assert info["position"] == "c" and info["version"] == 30
-    assert sorted(os.listdir(tmp_path)) == ["20", "30"]  # no temporary folders left
+def _sample(data, size: int = 200):
+    rng = np.random.default_rng(7)
+    return rng.integers(0, data.num_users, size), rng.integers(0, data.num_items, size)
 
 
-def test_no_versions_in_a_missing_folder(tmp_path):
-    assert export.versions(str(tmp_path / "none")) == []
-    assert export.latest_export(str(tmp_path / "none")) is None
+def test_a_fresh_process_serves_the_in_memory_scores(trained_export, tmp_path):
+    data = trained_export.data
+    moved = str(tmp_path / "moved")
+    shutil.copytree(trained_export.export_dir, moved)  # self-contained: it works anywhere
+    users, items = _sample(data)
+    unknown_user, unknown_item = int(data.user_ids.max()) + 1, int(data.item_ids.max()) + 1
+    request = {
+        "users": [*data.user_ids[users].tolist(), unknown_user, int(data.user_ids[0])],
+        "items": [*data.item_ids[items].tolist(), int(data.item_ids[0]), unknown_item],
+        "all_users": data.user_ids.tolist(),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _SERVE_SCRIPT, moved, json.dumps(request)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout)
+    np.testing.assert_allclose(
+        served["scores"][:-2], _in_memory_scores(trained_export.model, users, items), atol=1e-6
+    )
+    # Unknown ids: flagged and NaN, never another row's score.
+    assert served["known"] == [True] * len(users) + [False, False]
+    assert served["scores"][-2:] == [None, None] and served["logits"][-2:] == [None, None]
+
+    expected = _all_scores(trained_export)
+    raw_to_item = {raw: index for index, raw in enumerate(data.item_ids.tolist())}
+    for exclude in (True, False):
+        top = served[f"recommend_{exclude}"]
+        assert all(top["known"])
+        for user in range(data.num_users):
+            seen = data.train_items[data.train_offsets[user] : data.train_offsets[user + 1]]
+            candidates = np.delete(expected[user], seen) if exclude else expected[user]
+            items_returned = [raw_to_item[raw] for raw in top["item_ids"][user]]
+            if exclude:
+                assert not set(items_returned) & set(seen.tolist()), f"user {user}"
+            # The k best candidates' scores, best first (robust to the order of ties).
+            np.testing.assert_allclose(
+                top["scores"][user], np.sort(candidates)[::-1][:10], atol=1e-6
+            )
+            np.testing.assert_allclose(
+                top["scores"][user], expected[user, items_returned], atol=1e-6
+            )
+
+
+def test_recommend_pads_when_fewer_items_than_k_are_left(trained_export):
+    data = trained_export.data
+    recommend = tf.saved_model.load(trained_export.export_dir).signatures["recommend"]
+    top = recommend(
+        user_id=tf.constant(data.user_ids[:5], tf.int64),
+        k=tf.constant(10 * data.num_items),
+        exclude_seen=tf.constant(True),
+    )
+    assert top["item_ids"].shape == (5, data.num_items)  # k is cut to the number of items
+    for user in range(5):
+        left = data.num_items - (data.train_offsets[user + 1] - data.train_offsets[user])
+        item_ids, scores = top["item_ids"][user].numpy(), top["scores"][user].numpy()
+        assert (item_ids[:left] >= 0).all() and (item_ids[left:] == -1).all()
+        assert not np.isnan(scores[:left]).any() and np.isnan(scores[left:]).all()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="k must be at least 1"):
+        recommend(
+            user_id=tf.constant(data.user_ids[:1], tf.int64),
+            k=tf.constant(0),
+            exclude_seen=tf.constant(True),
+        )
+
+
+def test_id_maps_are_saved_as_assets(trained_export):
+    data = trained_export.data
+    for name, ids in ((export.USER_IDS_FILE, data.user_ids), (export.ITEM_IDS_FILE, data.item_ids)):
+        with open(os.path.join(trained_export.export_dir, "assets", name)) as stream:
+            assert [int(line) for line in stream] == ids.tolist()
+
+
+def test_onnx_scores_equal_the_saved_model_and_the_model(trained_export):
+    data = trained_export.data
+    assert trained_export.onnx_max_difference <= export.ONNX_TOLERANCE
+    session = onnxruntime.InferenceSession(
+        os.path.join(trained_export.export_dir, export.ONNX_FILE),
+        providers=["CPUExecutionProvider"],
+    )
+    users, items = _sample(data)
+    raw_users = np.append(data.user_ids[users], data.user_ids.max() + 1).astype(np.int64)
+    raw_items = np.append(data.item_ids[items], data.item_ids[0]).astype(np.int64)
+    known, scores = session.run(["known", "scores"], {"user_id": raw_users, "item_id": raw_items})
+    expected = _in_memory_scores(trained_export.model, users, items)
+    assert np.abs(scores[:-1] - expected).max() <= export.ONNX_TOLERANCE
+    assert known.tolist() == [True] * len(users) + [False] and np.isnan(scores[-1])
+    serving = tf.saved_model.load(trained_export.export_dir).signatures["serving_default"]
+    served = serving(user_id=tf.constant(raw_users), item_id=tf.constant(raw_items))["scores"]
+    np.testing.assert_allclose(scores, served.numpy(), atol=export.ONNX_TOLERANCE)
+
+
+def test_export_from_a_checkpoint(trained_export, tmp_path):
+    config = dataclasses.replace(
+        trained_export.config, export_dir=str(tmp_path / "again"), export_onnx=False
+    )
+    assert export.export_from_checkpoint(config) is None
+    serving = tf.saved_model.load(config.export_dir).signatures["serving_default"]
+    data = trained_export.data
+    users, items = _sample(data, 20)
+    scores = serving(
+        user_id=tf.constant(data.user_ids[users]), item_id=tf.constant(data.item_ids[items])
+    )["scores"]
+    np.testing.assert_allclose(
+        scores.numpy(), _in_memory_scores(trained_export.model, users, items), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        pytest.param(
+            lambda config, tmp: dict(model_dir=str(tmp / "empty")),
+            "no checkpoint in --model_dir",
+            id="no_checkpoint",
+        ),
+        pytest.param(
+            lambda config, tmp: dict(model=dataclasses.replace(config.model, layers=(32, 8))),
+            "does not fit the model flags",
+            id="other_layers",
+        ),
+        pytest.param(
+            lambda config, tmp: dict(export_dir=None), "--export_dir is required", id="no_dir"
+        ),
+    ],
+)
+def test_export_from_a_checkpoint_explains_what_is_wrong(trained_export, tmp_path, change, message):
+    config = dataclasses.replace(trained_export.config, export_dir=str(tmp_path / "export"))
+    with pytest.raises(export.ExportError, match=message):
+        export.export_from_checkpoint(dataclasses.replace(config, **change(config, tmp_path)))
+    assert not os.path.exists(tmp_path / "export")

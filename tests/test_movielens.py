@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import TINY_ROWS, write_movielens
+from conftest import TINY_ROWS, write_movielens, write_movies
 
 from recommendation import movielens
 from recommendation.movielens import DataError
@@ -156,3 +156,30 @@ def test_generic_string_ids_are_rejected(tmp_path):
     path.write_text("user_id,item_id\n1,2\nbob,3\n")
     with pytest.raises(DataError, match="column 'user_id' holds 'bob', which is not an integer"):
         movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
+
+
+TITLES = {1: "Toy Story (1995)", 29: "City of Lost Children, The (Cité des enfants, La) (1995)"}
+
+
+@pytest.mark.parametrize("kind", ["movies.dat", "movies.csv", "u.item"])
+def test_reads_movie_titles_of_every_release(tmp_path, kind):
+    path = write_movies(str(tmp_path / kind), TITLES, kind)
+    assert movielens.read_movie_titles(path) == TITLES
+
+
+@pytest.mark.parametrize(
+    "name,contents,message",
+    [
+        ("movies.dat", b"1::Toy Story (1995)::Animation\n2::Jumanji\n", "movies.dat:2: expected"),
+        ("movies.dat", b"1::1193::5::978300760\n", "is it a movies file"),  # ratings.dat
+        ("movies.csv", b"userId,movieId,rating\n1,2,3\n", "movies.csv:1: expected the header"),
+        ("movies.csv", b"movieId,title,genres\n1,\xe9,Drama\n", "is not utf-8"),
+        ("u.data", b"1\t2\t3\t4\n", "is not a MovieLens movies file"),
+        ("movies.dat", b"", "is empty"),
+    ],
+)
+def test_bad_movies_files_are_named_with_the_fix(tmp_path, name, contents, message):
+    path = tmp_path / name
+    path.write_bytes(contents)
+    with pytest.raises(DataError, match=message):
+        movielens.read_movie_titles(str(path))

@@ -57,6 +57,7 @@ def test_model_garden_command_line_still_parses():
         (["--dataset=generic"], "--dataset generic needs --ratings_file"),
         (["--min_num_ratings=1"], "must be at least 2"),
         (["--distribution_strategy=tpu"], "needs --tpu"),
+        (["--export_onnx"], "--export_onnx needs --export_dir"),
     ],
 )
 def test_invalid_flags_are_rejected(args, message):

@@ -6,40 +6,16 @@ import dataclasses
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
 
-from recommendation import ncf_main, synthetic_data
-from recommendation.data_preprocessing import DataConfig
+from recommendation import ncf_main
 from recommendation.ncf_common import NcfConfig
-from recommendation.neumf_model import ModelParams
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEC = synthetic_data.SyntheticSpec(num_users=300, num_items=200, num_ratings=12_000)
 
 
 def _config(tmp_path, **overrides) -> NcfConfig:
-    values = dict(
-        data=DataConfig(dataset="synthetic", data_dir=str(tmp_path / "data"), synthetic=SPEC),
-        model_dir=str(tmp_path / "model"),
-        train_epochs=2,
-        batch_size=2048,
-        num_eval_negatives=99,
-        seed=1,
-        benchmark_log_dir=str(tmp_path / "bench"),
-        model=ModelParams(
-            num_users=0,
-            num_items=0,
-            mf_dim=8,
-            layers=(16, 8),
-            mlp_regularization=(0.0, 0.0),
-            learning_rate=0.01,
-        ),
-    )
-    values.update(overrides)
-    return NcfConfig(**values)
+    return tiny_ncf_config(tmp_path, benchmark_log_dir=str(tmp_path / "bench"), **overrides)
 
 
 def _records(tmp_path, kind: str) -> list[dict]:
@@ -92,30 +68,13 @@ def test_cycles_cover_the_remaining_epochs():
 
 @pytest.mark.parametrize("extra,expect_ok", [([], True), (["--layers=15,8"], False)])
 def test_command_line(tmp_path, extra, expect_ok):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recommendation.ncf_main",
-            "--dataset=synthetic",
-            f"--data_dir={tmp_path}",
-            f"--model_dir={tmp_path / 'model'}",
-            "--train_epochs=1",
-            "--synthetic_num_users=200",
-            "--synthetic_num_items=150",
-            "--synthetic_num_ratings=8000",
-            "--batch_size=1024",
-            "--num_eval_negatives=49",
-            "--num_factors=4",
-            "--layers=8,4",
-            "--mlp_regularization=0,0",
-            "--seed=2",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
+    result = run_module(
+        "recommendation.ncf_main",
+        *TINY_NCF_MAIN_FLAGS,
+        f"--data_dir={tmp_path}",
+        f"--model_dir={tmp_path / 'model'}",
+        "--train_epochs=1",
+        *extra,
     )
     if expect_ok:
         assert result.returncode == 0, result.stderr[-2000:]

@@ -121,7 +121,7 @@ def test_model_serialization_round_trip(tmp_path):
 
 def test_padding_never_reaches_the_loss():
     params = _params(mlp_regularization=(0.0, 0.0, 0.0))
-    state = ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
+    state = neumf_model.build_state(params)
     model = state.model
     features = _features([1, 2, 3, 4], [1, 2, 3, 4])
     logits = model(features)[:, 0].numpy()
@@ -154,7 +154,7 @@ def test_predict_gives_probabilities():
 def _two_steps(sparse: bool):
     params = _params(sparse_updates=sparse, mlp_regularization=(0.0, 0.0, 0.0))
     keras.utils.set_random_seed(0)
-    state = ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
+    state = neumf_model.build_state(params)
     table = state.model.user_embedding.embeddings
     initial = table.numpy().copy()
     for users in ([1, 2], [3, 3]):  # user 1 and 2 only in the first step
@@ -221,11 +221,24 @@ def test_table_side_first_layer_is_the_same_function():
     assert model._project_tables_first(40) and not model._project_tables_first(5)
 
 
+@pytest.mark.parametrize(
+    "layers", [(8, 6, 4), (8,)], ids=["with_mlp_layers", "embedding_concatenation_only"]
+)
+def test_scoring_all_items_equals_scoring_each_pair(layers):
+    params = _params(layers=layers, mlp_regularization=(0.0,) * len(layers))
+    model = neumf_model.build_model(params)
+    users = np.array([6, 0, 3, 3])
+    logits = model.score_all_items(tf.constant(users, tf.int32)).numpy()
+    pairs = _features(np.repeat(users, 11), np.tile(np.arange(11), len(users)))
+    expected = model(pairs)[:, 0].numpy().reshape(len(users), 11)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_mixed_precision_steps_keep_float32_variables(dtype):
     params = _params(dtype=dtype, mlp_regularization=(0.0, 0.0, 0.0))
     try:
-        state = ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
+        state = neumf_model.build_state(params)
         assert state.model.user_embedding.embeddings.dtype == "float32"
         assert state.model.compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[dtype]
         before = state.model.logit.kernel.numpy().copy()

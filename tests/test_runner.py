@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from official.utils.misc.runner import ModelState, Runner
+from official.utils.misc.runner import Runner
 from recommendation import constants, data_pipeline, neumf_model
 from recommendation.neumf_model import ModelParams
 
@@ -21,15 +21,11 @@ PARAMS = ModelParams(
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _state(params: ModelParams) -> ModelState:
-    return ModelState(neumf_model.build_model(params), neumf_model.build_optimizer(params))
-
-
 def _runner(model_dir: str, steps_per_call: int = 1) -> Runner:
     keras.utils.set_random_seed(0)
     return Runner(
         neumf_model.model_fn,
-        _state,
+        neumf_model.build_state,
         PARAMS,
         model_dir,
         tf.distribute.OneDeviceStrategy("/cpu:0"),
@@ -39,6 +35,11 @@ def _runner(model_dir: str, steps_per_call: int = 1) -> Runner:
 
 def _input_fn():
     return data_pipeline.synthetic_train_input_fn(32, PARAMS.num_users, PARAMS.num_items, seed=3)
+
+
+def _exports(folder) -> list[str]:
+    """The export and any temporary or moved-aside siblings of it in `folder`."""
+    return sorted(name for name in os.listdir(folder) if name.startswith("export"))
 
 
 def _weights(runner: Runner) -> list[np.ndarray]:
@@ -79,16 +80,31 @@ def test_checkpoint_and_resume(tmp_path):
     assert not fresh.restore() and fresh.global_step == 0
 
 
+SPECS = [
+    tf.TensorSpec([None], tf.int32, constants.USER_COLUMN),
+    tf.TensorSpec([None], tf.int32, constants.ITEM_COLUMN),
+]
+
+
+def _serving(predict, model):
+    """The smallest serving module: the PREDICT outputs for dense ids."""
+    module = tf.Module()
+    module.model = model
+    module.serve = tf.function(
+        lambda user_id, item_id: predict(
+            {constants.USER_COLUMN: user_id, constants.ITEM_COLUMN: item_id}
+        ),
+        input_signature=SPECS,
+    )
+    return module, {"serving_default": module.serve}
+
+
 def test_export_reloads_in_a_fresh_process_with_the_same_scores(tmp_path):
     runner = _runner(str(tmp_path / "model"))
     runner.train(_input_fn, 3)
     export_dir = str(tmp_path / "export")
-    specs = [
-        tf.TensorSpec([None], tf.int32, constants.USER_COLUMN),
-        tf.TensorSpec([None], tf.int32, constants.ITEM_COLUMN),
-    ]
-    runner.export_saved_model(export_dir, specs)
-    assert os.listdir(tmp_path) == ["export"]  # no temporary folder left behind
+    runner.export_saved_model(export_dir, _serving)
+    assert _exports(tmp_path) == ["export"]  # no temporary folder left behind
     users, items = [0, 7, 49], [39, 3, 0]
     expected = runner.state.model(
         {constants.USER_COLUMN: tf.constant(users), constants.ITEM_COLUMN: tf.constant(items)}
@@ -109,3 +125,78 @@ def test_export_reloads_in_a_fresh_process_with_the_same_scores(tmp_path):
     assert result.returncode == 0, result.stderr
     scores = [float(value) for value in result.stdout.split()]
     np.testing.assert_allclose(scores, expected.numpy(), rtol=1e-6)
+
+
+def _fail(_):
+    raise RuntimeError("injected failure after the SavedModel was written")
+
+
+def test_failed_export_leaves_nothing_behind(tmp_path):
+    runner = _runner(str(tmp_path / "model"))
+    export_dir = str(tmp_path / "export")
+    with pytest.raises(RuntimeError, match="injected"):
+        runner.export_saved_model(export_dir, _serving, finalize=_fail)
+    assert _exports(tmp_path) == []  # neither the export nor its temporary folder
+
+
+def test_failed_export_keeps_the_earlier_one(tmp_path):
+    runner = _runner(str(tmp_path / "model"))
+    export_dir = str(tmp_path / "export")
+    runner.export_saved_model(export_dir, _serving)
+    before = sorted(os.listdir(export_dir))
+    runner.train(_input_fn, 2)
+    with pytest.raises(RuntimeError, match="injected"):
+        runner.export_saved_model(export_dir, _serving, finalize=_fail)
+    assert _exports(tmp_path) == ["export"]
+    assert sorted(os.listdir(export_dir)) == before
+    assert "serving_default" in tf.saved_model.load(export_dir).signatures
+
+
+def test_export_never_replaces_a_folder_that_is_not_a_saved_model(tmp_path):
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not a SavedModel"):
+        _runner(str(tmp_path / "model")).export_saved_model(str(tmp_path / "export"), _serving)
+    assert os.listdir(tmp_path / "export") == ["notes.txt"]
+
+
+# An export killed (SIGKILL) after writing its temporary folder, before the rename.
+_KILLED_EXPORT = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+import test_runner
+runner = test_runner._runner(os.path.join(sys.argv[1], "model"))
+runner.export_saved_model(
+    os.path.join(sys.argv[1], "export"),
+    test_runner._serving,
+    finalize=lambda _: os.kill(os.getpid(), signal.SIGKILL),
+)
+"""
+
+
+def test_killed_export_leaves_no_export_and_its_leftovers_are_removed(tmp_path):
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(tmp_path), tests_dir],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == -9, result.stderr[-2000:]
+    leftovers = _exports(tmp_path)
+    assert len(leftovers) == 1 and leftovers[0].startswith("export.tmp-")  # never `export`
+    _runner(str(tmp_path / "model")).export_saved_model(str(tmp_path / "export"), _serving)
+    assert _exports(tmp_path) == ["export"]
+
+
+def test_an_export_moved_aside_by_a_killed_export_is_put_back(tmp_path):
+    runner = _runner(str(tmp_path / "model"))
+    runner.export_saved_model(str(tmp_path / "export"), _serving)
+    finished = subprocess.Popen([sys.executable, "-c", ""])
+    finished.wait()  # its pid now belongs to no process
+    os.rename(tmp_path / "export", tmp_path / f"export.old-{finished.pid}")
+    with pytest.raises(RuntimeError, match="injected"):
+        runner.export_saved_model(str(tmp_path / "export"), _serving, finalize=_fail)
+    assert _exports(tmp_path) == ["export"]
+    assert tf.saved_model.contains_saved_model(str(tmp_path / "export"))

@@ -267,35 +267,97 @@ class Runner:
 
     # -- export -------------------------------------------------------------
 
-    def export_saved_model(self, export_dir: str, input_specs: list[tf.TensorSpec]) -> str:
-        """Exports a SavedModel whose ``serving_default`` returns PREDICT predictions.
+    def predict(self, features: dict) -> dict[str, tf.Tensor]:
+        """`model_fn`'s PREDICT predictions for `features`, with this runner's variables."""
+        state = ModelState(self.state.model)
+        return self.model_fn(features, None, Mode.PREDICT, self.params, state).predictions
+
+    def export_saved_model(
+        self,
+        export_dir: str,
+        build_serving: Callable[[Callable[[dict], dict], keras.Model], tuple[tf.Module, dict]],
+        finalize: Callable[[str], None] | None = None,
+    ) -> str:
+        """Exports a SavedModel for serving, never leaving a half-written one behind.
+
+        Everything is written to a temporary sibling folder, which is renamed into place
+        only once complete: a reader never sees a partial export, and a failure removes
+        the temporary folder and leaves any earlier export untouched. Temporary folders
+        of exports killed mid-way (their process is gone) are removed on the next export.
 
         Args:
-            export_dir: Destination; written to a temporary sibling folder and renamed,
-                so a reader never sees a half-written export.
-            input_specs: Named specs of the features the signature takes.
+            export_dir: Destination; replaced if it holds an earlier SavedModel.
+            build_serving: ``(predict, model) -> (module, signatures)``: wraps `predict`
+                (this runner's PREDICT computation) with the inputs and outputs serving
+                needs; the module must hold `model`, so that its variables are saved.
+            finalize: Called with the temporary folder once the SavedModel is written,
+                before the rename: to add files derived from it, or to verify it.
+
+        Raises:
+            ValueError: `export_dir` exists and is neither empty nor a SavedModel.
         """
-        model, params, model_fn = self.state.model, self.params, self.model_fn
-        names = [spec.name for spec in input_specs]
-
-        class Serving(tf.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-
-            @tf.function(input_signature=input_specs)
-            def serve(self, *tensors):
-                features = dict(zip(names, tensors, strict=True))
-                return model_fn(
-                    features, None, Mode.PREDICT, params, ModelState(self.model)
-                ).predictions
-
-        module = Serving()
-        temp_dir = f"{export_dir.rstrip('/')}.tmp-{os.getpid()}"
-        if tf.io.gfile.exists(temp_dir):
-            tf.io.gfile.rmtree(temp_dir)
-        tf.saved_model.save(module, temp_dir, signatures={"serving_default": module.serve})
-        if tf.io.gfile.exists(export_dir):
-            tf.io.gfile.rmtree(export_dir)
-        tf.io.gfile.rename(temp_dir, export_dir)
+        export_dir = export_dir.rstrip("/")
+        _remove_stale_temporaries(export_dir)
+        if (
+            tf.io.gfile.exists(export_dir)
+            and tf.io.gfile.listdir(export_dir)
+            and not tf.saved_model.contains_saved_model(export_dir)
+        ):
+            raise ValueError(
+                f"export_dir {export_dir} exists and is not a SavedModel; "
+                "choose a new or empty folder"
+            )
+        module, signatures = build_serving(self.predict, self.state.model)
+        temp_dir = f"{export_dir}{_TEMP_INFIX}{os.getpid()}"
+        try:
+            tf.saved_model.save(module, temp_dir, signatures=signatures)
+            if finalize is not None:
+                finalize(temp_dir)
+            old_dir = f"{export_dir}{_OLD_INFIX}{os.getpid()}"
+            if tf.io.gfile.exists(export_dir):
+                tf.io.gfile.rename(export_dir, old_dir)
+            tf.io.gfile.rename(temp_dir, export_dir)
+            if tf.io.gfile.exists(old_dir):
+                tf.io.gfile.rmtree(old_dir)
+        finally:
+            if tf.io.gfile.exists(temp_dir):
+                tf.io.gfile.rmtree(temp_dir)
         return export_dir
+
+
+# Sibling folders of an export in progress: ``<export_dir>.tmp-<pid>`` is being
+# written, ``<export_dir>.old-<pid>`` is the export it replaces, until the rename.
+_TEMP_INFIX = ".tmp-"
+_OLD_INFIX = ".old-"
+
+
+def _remove_stale_temporaries(export_dir: str) -> None:
+    """Cleans up after exports on this host whose process died (or was this one).
+
+    A killed export's temporary folder is deleted; the earlier export it was about
+    to replace is put back if nothing took its place.
+    """
+    for infix in (_TEMP_INFIX, _OLD_INFIX):
+        for path in tf.io.gfile.glob(f"{export_dir}{infix}*"):
+            pid = path.rsplit(infix, 1)[1]
+            if not pid.isdigit() or _process_alive(int(pid)):
+                continue
+            if infix == _OLD_INFIX and not tf.io.gfile.exists(export_dir):
+                logging.info("Restoring %s, moved aside by an interrupted export", export_dir)
+                tf.io.gfile.rename(path, export_dir)
+            else:
+                logging.info("Removing %s, left by an interrupted export", path)
+                tf.io.gfile.rmtree(path)
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether another process with `pid` runs on this host."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,128 @@
+"""The recommend command: one user with titles, batch CSV, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from absl import flags
+from conftest import run_module, write_movies
+
+from recommendation import recommend
+from recommendation.movielens import DataError
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return run_module("recommendation.recommend", *args)
+
+
+def _training_items(data, raw_user: int) -> set[int]:
+    """Raw ids of the items `raw_user` rated in training."""
+    user = data.user_ids.tolist().index(raw_user)
+    seen = data.train_items[data.train_offsets[user] : data.train_offsets[user + 1]]
+    return set(data.item_ids[seen].tolist())
+
+
+@pytest.fixture
+def movies(trained_export, tmp_path) -> str:
+    titles = {int(raw): f"Film n°{raw} (1995)" for raw in trained_export.data.item_ids}
+    return write_movies(str(tmp_path / "movies.dat"), titles, "movies.dat")
+
+
+def test_one_user_with_titles(trained_export, movies):
+    user = int(trained_export.data.user_ids[3])
+    export_dir = trained_export.export_dir
+    result = _run(f"--export_dir={export_dir}", f"--user_id={user}", "--k=5", f"--movies={movies}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == f"top 5 for user {user}:" and len(lines) == 2 + 5
+    items = [int(line.split()[1]) for line in lines[2:]]
+    assert [line.split()[0] for line in lines[2:]] == ["1", "2", "3", "4", "5"]
+    assert all(f"Film n°{item} (1995)" in line for item, line in zip(items, lines[2:], strict=True))
+    assert not set(items) & _training_items(trained_export.data, user)
+
+
+def test_batch_mode_writes_csv(trained_export, movies, tmp_path):
+    users = trained_export.data.user_ids[[0, 5, 9]].tolist()
+    (tmp_path / "users.txt").write_text("\n".join(map(str, users)) + "\n\n")
+    output = tmp_path / "recommendations.csv"
+    result = _run(
+        f"--export_dir={trained_export.export_dir}",
+        f"--users_file={tmp_path / 'users.txt'}",
+        f"--output={output}",
+        "--k=4",
+        f"--movies={movies}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == f"wrote 12 recommendations for 3 users to {output}"
+    with open(output, encoding="utf-8") as stream:
+        rows = list(csv.DictReader(stream))
+    assert [int(row["user_id"]) for row in rows] == np.repeat(users, 4).tolist()
+    assert [int(row["rank"]) for row in rows] == [1, 2, 3, 4] * 3
+    for row in rows:
+        assert int(row["item_id"]) not in _training_items(trained_export.data, int(row["user_id"]))
+        assert row["title"] == f"Film n°{row['item_id']} (1995)"
+
+
+def test_unknown_user_fails_and_writes_nothing(trained_export, tmp_path):
+    unknown = int(trained_export.data.user_ids.max()) + 1
+    (tmp_path / "users.txt").write_text(f"{trained_export.data.user_ids[0]}\n{unknown}\n")
+    output = tmp_path / "out.csv"
+    result = _run(
+        f"--export_dir={trained_export.export_dir}",
+        f"--users_file={tmp_path / 'users.txt'}",
+        f"--output={output}",
+    )
+    assert result.returncode == 1
+    assert f"error: user id(s) {unknown} not in the training data" in result.stderr
+    assert not output.exists() and os.listdir(tmp_path) == ["users.txt"]
+
+
+def _parse(*args: str) -> flags.FlagValues:
+    flag_values = flags.FlagValues()
+    recommend.define_flags(flag_values)
+    flag_values(["recommend", *args])
+    return flag_values
+
+
+def test_malformed_movies_file_is_named(trained_export, tmp_path):
+    (tmp_path / "movies.dat").write_text("1::Toy Story (1995)::Animation\nnot a movie line\n")
+    parsed = _parse(
+        f"--export_dir={trained_export.export_dir}",
+        f"--user_id={trained_export.data.user_ids[0]}",
+        f"--movies={tmp_path / 'movies.dat'}",
+    )
+    with pytest.raises(DataError, match="movies.dat:2: expected 3 fields.*is it a movies file"):
+        recommend.run(parsed)
+
+
+def test_missing_export_dir_says_how_to_make_one(tmp_path):
+    parsed = _parse(f"--export_dir={tmp_path / 'nothing'}", "--user_id=1")
+    with pytest.raises(DataError, match="no SavedModel in .*; export one with ncf-main"):
+        recommend.run(parsed)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--user_id=1", "--users_file=u.txt", "--output=o.csv"], "exactly one of --user_id"),
+        (["--users_file=u.txt"], "--users_file and --output go together"),
+        (["--user_id=1", "--k=0"], "--k=0: 0 is not a positive integer"),
+    ],
+)
+def test_invalid_flags_are_rejected(args, message):
+    with pytest.raises(flags.IllegalFlagValueError, match=message):
+        _parse("--export_dir=/e", *args)
+
+
+@pytest.mark.parametrize(
+    "contents,message",
+    [("1\n2\nbob\n", r"users.txt:3: 'bob' is not a user id"), ("\n\n", "holds no user ids")],
+)
+def test_bad_users_file(tmp_path, contents, message):
+    (tmp_path / "users.txt").write_text(contents)
+    with pytest.raises(DataError, match=message):
+        recommend.read_user_ids(str(tmp_path / "users.txt"))
