@@ -29,6 +29,7 @@ setup(
         "typing-extensions>=4.8",
         "mlperf-logging>=4.1,<5",
         "tensorboard>=2.20",
+        "redis[hiredis]>=5",
     ],
     extras_require={
         # --export_onnx: tf2onnx converts, onnxruntime checks the result.
@@ -39,6 +40,7 @@ setup(
         "console_scripts": [
             "ncf-create-data=recommendation.create_ncf_data:run_main",
             "ncf-main=recommendation.ncf_main:run_main",
+            "ncf-online=recommendation.online_main:run_main",
         ],
     },
 )

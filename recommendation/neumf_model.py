@@ -119,20 +119,8 @@ class NeuMF(keras.Model):
         self.mlp_regularization = tuple(float(value) for value in mlp_regularization)
         width = mf_dim + self.layer_sizes[0] // 2
         regularizer = keras.regularizers.L2(mf_regularization) if mf_regularization else None
-        self.user_embedding = keras.layers.Embedding(
-            num_users,
-            width,
-            embeddings_initializer="glorot_uniform",
-            embeddings_regularizer=regularizer,
-            name="embedding_user",
-        )
-        self.item_embedding = keras.layers.Embedding(
-            num_items,
-            width,
-            embeddings_initializer="glorot_uniform",
-            embeddings_regularizer=regularizer,
-            name="embedding_item",
-        )
+        self.user_embedding = self._embedding(num_users, width, regularizer, "embedding_user")
+        self.item_embedding = self._embedding(num_items, width, regularizer, "embedding_item")
         self.gmf = GmfBlock(name="gmf")
         self.mlp = [
             keras.layers.Dense(
@@ -147,15 +135,32 @@ class NeuMF(keras.Model):
         ]
         self.logit = keras.layers.Dense(1, kernel_initializer="lecun_uniform", name="rating")
 
+    def _embedding(self, count: int, width: int, regularizer, name: str) -> keras.layers.Layer:
+        """One side's table (a hook: online training swaps in a hash embedding)."""
+        return keras.layers.Embedding(
+            count,
+            width,
+            embeddings_initializer="glorot_uniform",
+            embeddings_regularizer=regularizer,
+            name=name,
+        )
+
     def call(self, inputs):
         users, items = inputs[constants.USER_COLUMN], inputs[constants.ITEM_COLUMN]
         user = self.user_embedding(users)
         item = self.item_embedding(items)
+        first_layer = None
+        if self.mlp and self._project_tables_first(users.shape[0]):
+            first_layer = self._first_layer_from_tables(users, items)
+        return self.score(user, item, first_layer)
+
+    def score(self, user, item, first_layer=None):
+        """Logits `(batch, 1)` from looked-up rows `(batch, width)` of each side;
+        `first_layer`, when given, is the first MLP layer's output already computed."""
         gmf = self.gmf(user[:, : self.mf_dim], item[:, : self.mf_dim])
         layers = self.mlp
-        if layers and self._project_tables_first(users.shape[0]):
-            mlp = self._first_layer_from_tables(users, items)
-            layers = layers[1:]
+        if first_layer is not None:
+            mlp, layers = first_layer, layers[1:]
         else:
             mlp = keras.ops.concatenate([user[:, self.mf_dim :], item[:, self.mf_dim :]], -1)
         for layer in layers:

@@ -6,12 +6,16 @@ import csv
 import dataclasses
 import io
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 
 import keras
 import pytest
+import redis
 
 from recommendation import data_preprocessing, ncf_main, synthetic_data
 from recommendation.data_preprocessing import DataConfig, PreprocessedData
@@ -88,6 +92,78 @@ def tiny_ml1m(tmp_path) -> str:
     """A data_dir holding ``ml-1m/ratings.dat`` with `TINY_ROWS`; returns data_dir."""
     write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS, "dat")
     return str(tmp_path)
+
+
+class RedisServer:
+    """A real redis-server on a free local port, persisting to `directory` (AOF, fsync
+    on every write) so that it can be killed and restarted without losing data."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.port = _free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port)
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not on PATH: install it (apt-get install -y redis-server)")
+        os.makedirs(self.directory, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.directory,
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.client().ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """Stops the server abruptly (SIGKILL), as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A started `RedisServer`, killed after the test."""
+    server = RedisServer(str(tmp_path / "redis"))
+    server.start()
+    yield server
+    server.kill()
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,268 @@
+"""Ready-made callbacks for `RecModel.online_train`: checkpoint (with the stream
+offsets, then commit), periodic export, metric logging and stopping."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging
+
+from recommendation.online import export
+from recommendation.online.rec_model import Callback, RecModel
+
+
+class _Schedule:
+    """Due every `steps` steps or `seconds` seconds (whichever first), and only when
+    training has advanced since the last time."""
+
+    def __init__(self, steps: int | None, seconds: float | None) -> None:
+        if not steps and not seconds:
+            raise ValueError("give every_steps or every_seconds (or both)")
+        self.steps, self.seconds = steps, seconds
+        self.last_step, self.last_time = 0, time.monotonic()
+
+    def due(self, step: int) -> bool:
+        if step <= self.last_step:
+            return False
+        by_steps = self.steps and step - self.last_step >= self.steps
+        by_time = self.seconds and time.monotonic() - self.last_time >= self.seconds
+        return bool(by_steps or by_time)
+
+    def mark(self, step: int) -> None:
+        self.last_step, self.last_time = step, time.monotonic()
+
+
+def _fsync_local(prefix: str) -> None:
+    """Flushes a checkpoint's files and folder to disk (local paths), so a commit
+    made after it never outlives the data it vouches for."""
+    if "://" in prefix:
+        return  # object stores make a finished write durable themselves
+    directory = os.path.dirname(prefix)
+    for path in [*glob.glob(prefix + ".*"), os.path.join(directory, "checkpoint"), directory]:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+class _Periodic(Callback):
+    """Runs `act` on a schedule (checked after every sink and while the stream is
+    quiet) and once more at the end if training advanced since."""
+
+    def __init__(self, every_steps: int | None, every_seconds: float | None) -> None:
+        super().__init__()
+        self.schedule = _Schedule(every_steps, every_seconds)
+
+    def act(self) -> str:
+        raise NotImplementedError
+
+    def on_train_begin(self, logs=None) -> None:
+        self.schedule.mark(int(self.rec_model.step.numpy()))
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if self.schedule.due(batch):
+            self.act()
+
+    def on_idle(self, logs=None) -> None:
+        if self.schedule.due(int(self.rec_model.step.numpy())):
+            self.act()
+
+    def on_train_end(self, logs=None) -> None:
+        if int(self.rec_model.step.numpy()) > self.schedule.last_step:
+            self.act()
+
+
+class CheckpointCallback(_Periodic):
+    """Restores the latest checkpoint at the start; saves every N steps or seconds and
+    at the end; after each save, commits the stream position it holds.
+
+    Args:
+        directory: Checkpoint folder.
+        every_steps, every_seconds: Save cadence.
+        keep: Checkpoints kept.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        keep: int = 3,
+    ) -> None:
+        super().__init__(every_steps, every_seconds)
+        self.directory, self.keep = directory, keep
+        self.manager: tf.train.CheckpointManager | None = None
+        self.restored_from: str | None = None
+
+    def on_train_begin(self, logs=None) -> None:
+        rec_model = self.rec_model
+        self.manager = tf.train.CheckpointManager(
+            rec_model.checkpoint, self.directory, max_to_keep=self.keep
+        )
+        latest = self.manager.latest_checkpoint
+        if latest is not None:
+            rec_model.checkpoint.restore(latest).assert_existing_objects_matched()
+            rec_model.after_restore()
+            self.restored_from = latest
+            logging.info("restored %s: step %d", latest, int(rec_model.step.numpy()))
+        super().on_train_begin(logs)
+
+    def act(self) -> str:
+        """Checkpoints now, makes it durable, then commits the stream position."""
+        rec_model = self.rec_model
+        step = int(rec_model.step.numpy())
+        rec_model.before_save()
+        path = self.manager.save(checkpoint_number=step)
+        _fsync_local(path)
+        rec_model.commit()
+        self.schedule.mark(step)
+        logging.info("checkpoint %s", path)
+        return path
+
+
+class ExportCallback(_Periodic):
+    """Exports a serving SavedModel every N steps or seconds and at the end, as
+    version <step> of `export_base` (atomically, keeping the last `keep`).
+
+    Args:
+        export_base: Folder of versions.
+        serving: ``rec_model -> (module, signatures)``: what to save.
+        every_steps, every_seconds: Export cadence.
+        keep: Versions kept.
+    """
+
+    def __init__(
+        self,
+        export_base: str,
+        serving: Callable[[RecModel], tuple[tf.Module, dict]],
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        keep: int = 3,
+    ) -> None:
+        super().__init__(every_steps, every_seconds)
+        self.export_base, self.serving, self.keep = export_base, serving, keep
+        self._exporter: export.Exporter | None = None
+        self.exported: list[str] = []
+
+    def act(self) -> str:
+        """Exports the current model now."""
+        rec_model = self.rec_model
+        step = int(rec_model.step.numpy())
+        if self._exporter is None:  # traced and saved once; later only the values
+            module, signatures = self.serving(rec_model)
+            self._exporter = export.Exporter(self.export_base, module, signatures, self.keep)
+        path = self._exporter.export(step, {"step": step, "position": rec_model.position})
+        self.schedule.mark(step)
+        self.exported.append(path)
+        logging.info("exported %s", path)
+        return path
+
+
+class MetricLogger(Callback):
+    """Logs step, events, events/s and the step logs every N steps or seconds, and
+    keeps them in `history` (one dict per report).
+
+    Args:
+        every_steps, every_seconds: Reporting cadence.
+        keys: Log entries to show (default: all).
+    """
+
+    def __init__(
+        self,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        keys: tuple[str, ...] | None = None,
+    ) -> None:
+        super().__init__()
+        self.schedule = _Schedule(every_steps, every_seconds)
+        self.keys = keys
+        self.history: list[dict] = []
+        self._start = self._last_time = time.monotonic()
+        self._last_events = 0
+        self._sums: dict[str, float] = {}
+        self._count = 0
+
+    def on_train_begin(self, logs=None) -> None:
+        self._start = self._last_time = time.monotonic()
+        self.schedule.mark(int(self.rec_model.step.numpy()))
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        for key, value in (logs or {}).items():
+            if key not in ("events", "step"):
+                self._sums[key] = self._sums.get(key, 0.0) + value
+        self._count += 1
+        if self.schedule.due(batch):
+            self._report(logs)
+
+    def on_train_end(self, logs=None) -> None:
+        if self._count:
+            self._report(logs)
+
+    def _report(self, logs: dict) -> None:
+        now = time.monotonic()
+        events = logs.get("events", 0)
+        record = {
+            "step": logs.get("step", 0),
+            "events": events,
+            "seconds": now - self._start,
+            "events_per_second": (events - self._last_events) / max(now - self._last_time, 1e-9),
+            **{key: total / self._count for key, total in self._sums.items()},
+        }
+        self.history.append(record)
+        shown = {k: v for k, v in record.items() if self.keys is None or k in self.keys}
+        logging.info(
+            "online: %s",
+            " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()
+            ),
+        )
+        self._sums, self._count = {}, 0
+        self._last_events, self._last_time = events, now
+        self.schedule.mark(record["step"])
+
+
+class StopAfter(Callback):
+    """Stops online training after a number of steps, events or seconds, or after the
+    stream has been quiet for `idle_seconds`.
+
+    Args:
+        steps, events, seconds, idle_seconds: Limits; None for none.
+    """
+
+    def __init__(
+        self,
+        steps: int | None = None,
+        events: int | None = None,
+        seconds: float | None = None,
+        idle_seconds: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.steps, self.events, self.seconds = steps, events, seconds
+        self.idle_seconds = idle_seconds
+        self._start = self._last_data = time.monotonic()
+
+    def on_train_begin(self, logs=None) -> None:
+        self._start = self._last_data = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self._last_data = time.monotonic()
+        logs = logs or {}
+        if (self.steps is not None and logs.get("step", 0) >= self.steps) or (
+            self.events is not None and logs.get("events", 0) >= self.events
+        ):
+            self.rec_model.stop_training = True
+        self._check_time()
+
+    def on_idle(self, logs=None) -> None:
+        if self.idle_seconds is not None and time.monotonic() - self._last_data > self.idle_seconds:
+            self.rec_model.stop_training = True
+        self._check_time()
+
+    def _check_time(self) -> None:
+        if self.seconds is not None and time.monotonic() - self._start > self.seconds:
+            self.rec_model.stop_training = True

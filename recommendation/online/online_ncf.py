@@ -1,0 +1,320 @@
+"""Online NeuMF: hash-embedded users and items, in-graph negatives, prequential HR@k.
+
+Each training step takes a batch of (user, item) events and
+
+1. tests: scores the first `prequential_events` events against
+   `prequential_negatives` items drawn from the item table, with the model as it is
+   before the batch (events of new users or items read the default rows), and
+   reports HR@k and NDCG@k (the offline metric, `neumf_model.compute_hr_ndcg`);
+2. trains: admits the batch's ids (`HashEmbedding`), draws `num_neg` negatives per
+   event from the items seen so far (the occupied item rows; a draw equal to the
+   event's item is masked out), and returns the mean sigmoid cross-entropy.
+
+The id-to-row stage (`resolve`: hash tables and sampling) is separate from the
+scoring (`call`: gathers and dense layers), so RecModel can XLA-compile the latter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from recommendation import constants, neumf_model
+from recommendation.online.hash_embedding import HashEmbedding
+from recommendation.online.rec_model import RecModel, StreamBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineParams:
+    """Model and sampling settings of online NeuMF.
+
+    Attributes:
+        mf_dim, layers, mlp_regularization: NeuMF sizes (`neumf_model.ModelParams`).
+        user_capacity, item_capacity: Rows of each hash table.
+        permit_filter_value, evict_filter_value, max_norm: `HashEmbedding` filters.
+        num_neg: Training negatives per event.
+        prequential_events: Events per batch scored before training on it.
+        prequential_negatives: Negatives each of them is ranked against.
+        top_k: k of HR@k and NDCG@k.
+        learning_rate, beta1, beta2, epsilon: Lazy Adam.
+    """
+
+    mf_dim: int = 8
+    layers: tuple[int, ...] = (64, 32, 16, 8)
+    mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    user_capacity: int = 2**16
+    item_capacity: int = 2**15
+    permit_filter_value: int = 1
+    evict_filter_value: int | None = None
+    max_norm: float | None = None
+    num_neg: int = 4
+    prequential_events: int = 64
+    prequential_negatives: int = 99
+    top_k: int = 10
+    learning_rate: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+
+@keras.saving.register_keras_serializable(package="ncf")
+class OnlineNeuMF(neumf_model.NeuMF):
+    """NeuMF over `HashEmbedding` tables (arguments as in `OnlineParams`).
+
+    Call args (of `call`, after `resolve`):
+        resolved: The dict `resolve` returns.
+    Returns:
+        dict of scalars: ``loss`` (mean over valid points), ``hr`` and ``ndcg``
+        (prequential, over the scored events).
+    """
+
+    def __init__(
+        self,
+        user_capacity: int = 2**16,
+        item_capacity: int = 2**15,
+        mf_dim: int = 8,
+        layers: tuple[int, ...] = (64, 32, 16, 8),
+        mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
+        permit_filter_value: int = 1,
+        evict_filter_value: int | None = None,
+        max_norm: float | None = None,
+        num_neg: int = 4,
+        prequential_events: int = 64,
+        prequential_negatives: int = 99,
+        top_k: int = 10,
+        **kwargs,
+    ) -> None:
+        # Read by `_embedding` during NeuMF's constructor.
+        self.hash_options = {
+            "permit_filter_value": permit_filter_value,
+            "evict_filter_value": evict_filter_value,
+            "max_norm": max_norm,
+        }
+        super().__init__(
+            user_capacity, item_capacity, mf_dim, layers, 0.0, mlp_regularization, **kwargs
+        )
+        self.num_neg, self.top_k = num_neg, top_k
+        self.prequential_events = prequential_events
+        self.prequential_negatives = prequential_negatives
+
+    def _embedding(self, count: int, width: int, regularizer, name: str) -> HashEmbedding:
+        return HashEmbedding(width, capacity=count, name=name, **self.hash_options)
+
+    def _project_tables_first(self, batch_size: int | None) -> bool:
+        return False  # hash tables are mostly empty rows: never project whole tables
+
+    def resolve(self, data: dict, training: bool = False) -> dict:
+        """Ids to rows: the prequential test rows first (before this batch is admitted),
+        then the training rows (admitting, refreshing, evicting when `training`) and
+        the negatives."""
+        users = tf.reshape(data[constants.USER_COLUMN], [-1])
+        items = tf.reshape(data[constants.ITEM_COLUMN], [-1])
+        tested = tf.minimum(self.prequential_events, tf.size(users))
+        block = self.prequential_negatives
+        negative_keys, negative_rows = self.item_embedding.sample_slots(tested * block)
+        negative_keys = tf.reshape(negative_keys, [-1, block])
+        held_out = self.item_embedding.slots(items[:tested])[:, None]
+        test_items = tf.concat([tf.reshape(negative_rows, [-1, block]), held_out], axis=1)
+        # A drawn negative equal to the held-out item would tie with it: not counted.
+        duplicates = tf.concat(
+            [negative_keys == items[:tested, None], tf.zeros([tested, 1], tf.bool)], axis=1
+        )
+        user_rows = self.user_embedding.slots(users, training)
+        item_rows = self.item_embedding.slots(items, training)
+        train_keys, train_rows = self.item_embedding.sample_slots(tf.size(items) * self.num_neg)
+        valid = (train_keys != tf.repeat(items, self.num_neg)) & (train_rows >= 0)
+        return {
+            "test_users": self.user_embedding.slots(users[:tested]),
+            "test_items": test_items,
+            "test_duplicates": duplicates,
+            "users": user_rows,
+            "items": item_rows,
+            "negatives": train_rows,
+            "negatives_valid": valid,
+        }
+
+    def call(self, resolved: dict, training=None) -> dict:
+        def rows(embedding, slots):
+            return embedding(tf.reshape(slots, [-1]), by_slot=True)
+
+        user = rows(self.user_embedding, resolved["users"])
+        items = tf.concat(
+            [rows(self.item_embedding, resolved[key]) for key in ("items", "negatives")], axis=0
+        )
+        users = tf.concat([user, tf.repeat(user, self.num_neg, axis=0)], axis=0)
+        logits = tf.cast(self.score(users, items)[:, 0], tf.float32)
+        batch = tf.shape(user)[0]
+        labels = tf.concat([tf.ones([batch]), tf.zeros([batch * self.num_neg])], axis=0)
+        valid = tf.concat(
+            [tf.ones([batch]), tf.cast(resolved["negatives_valid"], tf.float32)], axis=0
+        )
+        loss = neumf_model.weighted_sigmoid_cross_entropy(logits, labels, valid)
+        loss /= tf.maximum(tf.reduce_sum(valid), 1.0)
+        block = self.prequential_negatives + 1
+        tested = rows(self.user_embedding, resolved["test_users"])
+        test_logits = self.score(
+            tf.repeat(tested, block, axis=0), rows(self.item_embedding, resolved["test_items"])
+        )
+        test_logits = tf.stop_gradient(tf.reshape(tf.cast(test_logits, tf.float32), [-1, block]))
+        hits, gains = neumf_model.compute_hr_ndcg(
+            test_logits, resolved["test_duplicates"], self.top_k
+        )
+        return {
+            "loss": loss,
+            "hr": tf.reduce_mean(hits),
+            "ndcg": tf.reduce_mean(gains),
+        }
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        for key in ("num_users", "num_items", "mf_regularization"):
+            config.pop(key)
+        config.update(
+            user_capacity=self.num_users,
+            item_capacity=self.num_items,
+            num_neg=self.num_neg,
+            prequential_events=self.prequential_events,
+            prequential_negatives=self.prequential_negatives,
+            top_k=self.top_k,
+            **self.hash_options,
+        )
+        return config
+
+
+def _probe_batch(values) -> dict:
+    return {
+        constants.USER_COLUMN: tf.constant(values, tf.int64),
+        constants.ITEM_COLUMN: tf.constant(values, tf.int64),
+    }
+
+
+def build_online_model(params: OnlineParams) -> OnlineNeuMF:
+    """OnlineNeuMF with its variables created (one forward pass, nothing admitted)."""
+    model = OnlineNeuMF(
+        params.user_capacity,
+        params.item_capacity,
+        params.mf_dim,
+        params.layers,
+        params.mlp_regularization,
+        params.permit_filter_value,
+        params.evict_filter_value,
+        params.max_norm,
+        params.num_neg,
+        params.prequential_events,
+        params.prequential_negatives,
+        params.top_k,
+    )
+    model(model.resolve(_probe_batch([0]), training=False))
+    return model
+
+
+def build_rec_model(
+    params: OnlineParams, amp_level: str = "O0", boost_level: str = "O0"
+) -> RecModel:
+    """RecModel training OnlineNeuMF (which computes its own loss) with lazy Adam: it
+    updates only the rows of each batch, the only sensible choice for large tables."""
+    optimizer = neumf_model.LazyAdam(
+        learning_rate=params.learning_rate,
+        beta_1=params.beta1,
+        beta_2=params.beta2,
+        epsilon=params.epsilon,
+    )
+    return RecModel(
+        build_online_model(params),
+        optimizer=optimizer,
+        amp_level=amp_level,
+        boost_level=boost_level,
+    )
+
+
+def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
+    """The export: ``serving_default(user_id, item_id)`` (int64 raw ids, `(n,)`) ->
+    ``{"scores": (n,) probabilities}``; unknown ids score with the default rows."""
+    network = rec_model.network
+
+    class Serving(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            # The layers, not the Keras model: saving a model adds Keras' own default
+            # signature, traced with float inputs.
+            self.layers = [
+                network.user_embedding,
+                network.item_embedding,
+                network.gmf,
+                *network.mlp,
+                network.logit,
+            ]
+
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.int64, constants.USER_COLUMN),
+                tf.TensorSpec([None], tf.int64, constants.ITEM_COLUMN),
+            ]
+        )
+        def serve(self, user_id, item_id):
+            user = network.user_embedding(user_id)
+            item = network.item_embedding(item_id)
+            logits = tf.cast(network.score(user, item)[:, 0], tf.float32)
+            return {"scores": tf.sigmoid(logits)}
+
+    module = Serving()
+    return module, {"serving_default": module.serve}
+
+
+class EventStream:
+    """Batches of `batch_size` events from a source, as `StreamBatch` of
+    ``{"user_id", "item_id"}``; a partial batch once the source has been quiet for
+    `linger_seconds` (fresh events are not held back); None while idle.
+
+    Args:
+        source: A `sources` source.
+        batch_size: Events per batch.
+        linger_seconds: Longest wait for a batch to fill.
+    """
+
+    def __init__(self, source, batch_size: int, linger_seconds: float = 0.2) -> None:
+        self.source, self.batch_size = source, batch_size
+        self.linger_seconds = linger_seconds
+
+    def restore(self, position) -> None:
+        self.source.restore(position)
+
+    def commit(self, position) -> None:
+        self.source.commit(position)
+
+    def __iter__(self) -> Iterator[StreamBatch | None]:
+        users, items, ids = [], [], []
+        count, started, position = 0, None, None
+        while True:
+            wait = self.linger_seconds if count else 0.1
+            chunk = self.source.read(self.batch_size - count, wait)
+            if chunk is not None:
+                position = chunk.position
+                if len(chunk):
+                    users.append(chunk.users)
+                    items.append(chunk.items)
+                    ids.extend(chunk.ids)
+                    count += len(chunk)
+                    started = started or time.monotonic()
+            full = count >= self.batch_size
+            lingered = count and time.monotonic() - started >= self.linger_seconds
+            if full or (count and (chunk is None or lingered)):
+                yield StreamBatch(
+                    {
+                        constants.USER_COLUMN: np.concatenate(users),
+                        constants.ITEM_COLUMN: np.concatenate(items),
+                    },
+                    position,
+                    count,
+                    ids,
+                )
+                users, items, ids, count, started = [], [], [], 0, None
+            elif chunk is None:
+                if self.source.exhausted:
+                    return
+                yield None

@@ -1,0 +1,630 @@
+"""RecModel: MindSpore Rec's training front end (`train`, `eval`, `online_train`) on TF2.
+
+The semantics are MindSpore's, translated:
+
+- ``RecModel(network, loss_fn, optimizer, ...)``: with `loss_fn` the dataset yields
+  ``(data, label)`` and the loss is ``loss_fn(label, network(data))``; without it the
+  network computes its own loss from the dataset's elements (a tuple is passed as
+  positional arguments) and returns it, alone, first in a tuple, or as ``"loss"`` of
+  a dict whose other scalars are logged. ``optimizer=None`` means the network updates
+  itself: a compiled Keras model runs its own ``train_step``, any other network is
+  called with ``training=True`` and is expected to apply its updates.
+- ``metrics``: names (``accuracy``, ``auc``, ``precision``, ``recall``, ``loss``,
+  ``hit_rate``, ``ndcg``) or Keras metric objects, as a set, list or dict; `eval`
+  reports them. Name-built classification metrics expect probabilities.
+- ``eval_network`` with ``eval_indexes = [loss, prediction, label]``: positions of
+  those in the evaluation network's outputs.
+- ``amp_level``: ``O0`` float32; ``O2`` mixed precision (float32 variables and output
+  layer, low-precision compute; float16 with dynamic loss scaling on GPU, bfloat16 on
+  CPU); ``O3`` every layer in low precision, no loss scaling; ``auto``: O2 on GPU,
+  O0 on CPU (as MindSpore picks per device).
+- ``boost_level``: ``O0`` one graph call per step (or per sink); ``O1`` adds a
+  background thread that reads and batches the next sink while the current one
+  trains; ``O2`` adds XLA compilation of the step (of the part after
+  ``network.resolve``, where the network has one: hash-table lookups cannot be
+  compiled). Measured effects: docs/benchmarks.md.
+- ``online_train(train_dataset, callbacks, dataset_sink_mode=True, sink_size=1)``
+  runs until the dataset ends, a callback sets ``stop_training``, or SIGINT/SIGTERM
+  arrives: then the step in flight finishes, ``on_train_end`` runs (the checkpoint
+  callback saves and commits the stream offsets) and it returns. In sink mode each
+  graph call runs `sink_size` steps (any positive number; MindSpore accepts 1) and
+  step-end callbacks run once per sink; otherwise they run after every step.
+
+Unbounded datasets may yield `StreamBatch` objects, which carry the source offsets
+after the batch, and None while no data is available, so that time-based callbacks
+(checkpoint, export) still run when the stream is quiet. A dataset with
+``restore(position)`` and ``commit(position)`` methods is told the restored position
+before it is iterated and each position once a checkpoint holding it is durable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from recommendation import neumf_model
+
+AMP_LEVELS = ("O0", "O2", "O3", "auto")
+BOOST_LEVELS = ("O0", "O1", "O2")
+
+
+@dataclasses.dataclass
+class StreamBatch:
+    """One batch from an unbounded source.
+
+    Attributes:
+        data: What the network (or `loss_fn`) takes: ``(data, label)`` or its inputs.
+        position: JSON-able source offsets just after this batch (None: untracked).
+        num_events: Source events in the batch (for rates and stop conditions).
+        ids: Source ids of the events (for audits), or None.
+    """
+
+    data: Any
+    position: Any = None
+    num_events: int = 0
+    ids: list | None = None
+
+
+# ---------------------------------------------------------------------------
+# Metrics
+
+
+@keras.saving.register_keras_serializable(package="ncf")
+class BlockMetric(keras.metrics.Mean):
+    """Mean HR@k or NDCG@k over `(users, block)` score blocks, held-out item last.
+
+    Labels are ignored: the block layout says which item is the positive one.
+    """
+
+    def __init__(self, kind: str = "hit_rate", k: int = 10, name: str | None = None, **kwargs):
+        super().__init__(name=name or kind, **kwargs)
+        self.kind, self.k = kind, k
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        hits, gains = neumf_model.compute_hr_ndcg(y_pred, None, self.k)
+        return super().update_state(hits if self.kind == "hit_rate" else gains, sample_weight)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "kind": self.kind, "k": self.k}
+
+
+_METRICS: dict[str, Callable[[], keras.metrics.Metric]] = {
+    "accuracy": lambda: keras.metrics.BinaryAccuracy(name="accuracy"),
+    "auc": lambda: keras.metrics.AUC(name="auc"),
+    "precision": lambda: keras.metrics.Precision(name="precision"),
+    "recall": lambda: keras.metrics.Recall(name="recall"),
+    "loss": lambda: keras.metrics.Mean(name="loss"),
+    "hit_rate": lambda: BlockMetric("hit_rate"),
+    "ndcg": lambda: BlockMetric("ndcg"),
+}
+
+
+def _build_metrics(metrics) -> dict[str, keras.metrics.Metric]:
+    if metrics is None:
+        return {}
+    items = metrics.items() if isinstance(metrics, dict) else ((None, m) for m in metrics)
+    built = {}
+    for key, metric in items:
+        if isinstance(metric, str):
+            if metric not in _METRICS:
+                raise ValueError(f"unknown metric {metric!r}; known: {sorted(_METRICS)}")
+            metric = _METRICS[metric]()
+        built[key or metric.name] = metric
+    return built
+
+
+# ---------------------------------------------------------------------------
+# Callbacks
+
+
+class Callback(keras.callbacks.Callback):
+    """A Keras callback that also sees the RecModel (``self.rec_model``) and quiet
+    periods of a stream (`on_idle`)."""
+
+    rec_model: RecModel | None = None
+
+    def set_rec_model(self, rec_model: RecModel) -> None:
+        self.rec_model = rec_model
+
+    def on_idle(self, logs: dict | None = None) -> None:
+        """Called while the stream has no new data (about once per source poll)."""
+
+
+class _Callbacks:
+    """Dispatches to Keras callbacks and to ours (which get the RecModel too)."""
+
+    def __init__(self, callbacks, rec_model: RecModel) -> None:
+        self.callbacks = list(callbacks or [])
+        for callback in self.callbacks:
+            callback.set_model(rec_model.network)
+            if isinstance(callback, Callback):
+                callback.set_rec_model(rec_model)
+
+    def __getattr__(self, name: str):
+        def dispatch(*args):
+            for callback in self.callbacks:
+                getattr(callback, name, lambda *_: None)(*args)
+
+        return dispatch
+
+
+class _StopSignals:
+    """Turns SIGINT/SIGTERM into a flag checked between steps (main thread only)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        logging.warning("signal %d: finishing the step, then checkpointing", signum)
+        self.received = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------
+# Input grouping
+
+
+@dataclasses.dataclass
+class _Group:
+    """Up to sink_size batches of one structure and shape, stacked on a new axis."""
+
+    stacked: Any
+    num_steps: int
+    position: Any
+    num_events: int
+    ids: list
+
+
+def _num_examples(data) -> int:
+    first = tf.nest.flatten(data)[0]
+    return int(first.shape[0]) if len(first.shape) else 1
+
+
+def _signature(data) -> tuple:
+    return tuple((tuple(np.shape(t)), np.asarray(t).dtype.str) for t in tf.nest.flatten(data))
+
+
+def _groups(elements: Iterator, size: int, has_position: list) -> Iterator[_Group | None]:
+    """Groups consecutive same-shaped batches; None (quiet stream) ends a group."""
+    pending: list[StreamBatch] = []
+
+    def flush() -> _Group:
+        datas = [b.data for b in pending]
+        stacked = tf.nest.map_structure(lambda *ts: np.stack([np.asarray(t) for t in ts]), *datas)
+        group = _Group(
+            stacked,
+            len(pending),
+            pending[-1].position,
+            sum(b.num_events for b in pending),
+            [i for b in pending for i in (b.ids or ())],
+        )
+        pending.clear()
+        return group
+
+    for element in elements:
+        if element is None:
+            if pending:
+                yield flush()
+            yield None
+            continue
+        if isinstance(element, StreamBatch):
+            has_position[0] = True
+        else:
+            element = StreamBatch(element, None, _num_examples(element))
+        if pending and _signature(pending[0].data) != _signature(element.data):
+            yield flush()
+        pending.append(element)
+        if len(pending) == size:
+            yield flush()
+    if pending:
+        yield flush()
+
+
+class _Prefetcher:
+    """Runs `_groups` on a background thread, `depth` groups ahead (boost O1+)."""
+
+    _END = object()
+
+    def __init__(self, groups: Iterator, depth: int = 2) -> None:
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(groups,), daemon=True)
+        self._thread.start()
+
+    def _run(self, groups: Iterator) -> None:
+        try:
+            for group in groups:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(group, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        except BaseException as error:  # handed to the training thread
+            self._error = error
+        self._queue.put(self._END)
+
+    def __iter__(self) -> Iterator:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# ---------------------------------------------------------------------------
+# RecModel
+
+
+def _policy(amp_level: str) -> str | None:
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    if amp_level == "auto":
+        amp_level = "O2" if on_gpu else "O0"
+    low = "float16" if on_gpu else "bfloat16"
+    return {"O0": None, "O2": f"mixed_{low}", "O3": low}[amp_level]
+
+
+class RecModel:
+    """Trains, evaluates and online-trains a Keras network (MindSpore Rec's RecModel).
+
+    Args:
+        network: A Keras model or layer.
+        loss_fn: ``loss_fn(label, prediction) -> loss``; None: the network returns its
+            loss.
+        optimizer: A Keras optimiser; None: the network updates itself.
+        metrics: Metric names or objects (set, list or dict) for `eval`.
+        eval_network: Network used by `eval` instead of `network`.
+        eval_indexes: ``[loss, prediction, label]`` positions in `eval_network`'s
+            outputs.
+        amp_level: ``O0``, ``O2``, ``O3`` or ``auto`` (module docstring).
+        boost_level: ``O0``, ``O1`` or ``O2`` (module docstring).
+    """
+
+    def __init__(
+        self,
+        network: keras.layers.Layer,
+        loss_fn: Callable | None = None,
+        optimizer: keras.optimizers.Optimizer | None = None,
+        metrics=None,
+        eval_network: keras.layers.Layer | None = None,
+        eval_indexes: list[int] | None = None,
+        amp_level: str = "O0",
+        boost_level: str = "O0",
+    ) -> None:
+        if amp_level not in AMP_LEVELS:
+            raise ValueError(f"amp_level must be one of {AMP_LEVELS}, got {amp_level!r}")
+        if boost_level not in BOOST_LEVELS:
+            raise ValueError(f"boost_level must be one of {BOOST_LEVELS}, got {boost_level!r}")
+        if eval_network is not None and (eval_indexes is None or len(eval_indexes) != 3):
+            raise ValueError("eval_network needs eval_indexes = [loss, prediction, label]")
+        self.network, self.loss_fn = network, loss_fn
+        self.eval_network, self.eval_indexes = eval_network, eval_indexes
+        self.metrics = _build_metrics(metrics)
+        self.boost_level = boost_level
+        self.policy = _policy(amp_level)
+        if self.policy is not None:
+            self._apply_policy(amp_level)
+        if optimizer is not None and self.policy == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        self.optimizer = optimizer
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.position: Any = None
+        self.trained_ids: list = []  # source ids of the events of the last sink
+        self.stop_training = False
+        self._checkpoint: tf.train.Checkpoint | None = None
+        self._sink_calls: dict[tuple, Callable] = {}  # by element dtypes and shapes
+        self._eval_call: Callable | None = None
+        self._dataset = None
+
+    def _apply_policy(self, amp_level: str) -> None:
+        layers = self.network._flatten_layers(include_self=True, recursive=True)
+        # O2 keeps the output layer (the last one created) in float32, Keras'
+        # mixed-precision advice; O3 leaves nothing in float32.
+        keep = {id(layers[-1])} if amp_level != "O3" and len(layers) > 1 else set()
+        for layer in layers:
+            if id(layer) not in keep:
+                layer.dtype_policy = self.policy
+
+    # -- checkpoints ---------------------------------------------------------
+
+    @property
+    def checkpoint(self) -> tf.train.Checkpoint:
+        """The network, optimiser, step counter and stream position, as one object."""
+        if self._checkpoint is None:
+            self._build_optimizer()
+            self._position_variable = tf.Variable("null", dtype=tf.string, trainable=False)
+            self._checkpoint = tf.train.Checkpoint(
+                network=self.network,
+                optimizer=self.optimizer,
+                step=self.step,
+                position=self._position_variable,
+            )
+        return self._checkpoint
+
+    def before_save(self) -> None:
+        """Copies the position of the last trained batch into the checkpoint."""
+        self.checkpoint  # noqa: B018 (creates the position variable)
+        self._position_variable.assign(json.dumps(self.position))
+
+    def after_restore(self) -> None:
+        """Reads the restored position and hands it to the dataset."""
+        self.position = json.loads(self._position_variable.numpy().decode())
+        if self._dataset is not None and hasattr(self._dataset, "restore"):
+            self._dataset.restore(self.position)
+
+    def commit(self) -> None:
+        """Tells the dataset that everything up to `position` is durably trained."""
+        if self._dataset is not None and hasattr(self._dataset, "commit"):
+            self._dataset.commit(self.position)
+
+    def _build_optimizer(self) -> None:
+        if self.optimizer is None or self.optimizer.built:
+            return
+        if not self.network.built:
+            raise ValueError(
+                "the network has no variables yet: build it (call it once) before "
+                "checkpointing or training with an optimizer"
+            )
+        self.optimizer.build(self.network.trainable_variables)
+        for layer in self.network._flatten_layers(include_self=True, recursive=True):
+            if hasattr(layer, "attach_optimizer"):  # HashEmbedding: reset slots on reuse
+                layer.attach_optimizer(self.optimizer)
+
+    # -- one step ------------------------------------------------------------
+
+    def _forward(self, data, training: bool, compiled: Callable | None):
+        """Network outputs for `data` (resolve stage outside any XLA cluster)."""
+        resolve = getattr(self.network, "resolve", None)
+        if resolve is not None:
+            data = resolve(data, training=training)
+        call = compiled or (lambda d: self._call(self.network, d, training))
+        return call(data)
+
+    @staticmethod
+    def _call(network, data, training: bool):
+        if isinstance(data, tuple):
+            return network(*data, training=training)
+        return network(data, training=training)
+
+    def _loss_and_logs(self, data, compiled) -> tuple[tf.Tensor, dict]:
+        if self.loss_fn is not None:
+            features, label = data
+            prediction = self._forward(features, True, compiled)
+            loss = self.loss_fn(label, tf.cast(prediction, tf.float32))
+            logs = {}
+        else:
+            outputs = self._forward(data, True, compiled)
+            if isinstance(outputs, dict):
+                logs = {k: tf.cast(v, tf.float32) for k, v in outputs.items() if k != "loss"}
+                loss = outputs["loss"]
+            elif isinstance(outputs, (tuple, list)):
+                loss, logs = outputs[0], {}
+            else:
+                loss, logs = outputs, {}
+        loss = tf.cast(loss, tf.float32)
+        if self.network.losses:
+            loss += tf.add_n([tf.cast(x, tf.float32) for x in self.network.losses])
+        return loss, logs
+
+    def _train_step(self, data, compiled) -> dict:
+        if self.optimizer is None:
+            if getattr(self.network, "compiled", False):
+                logs = self.network.train_step(data)
+            else:
+                loss = self._call(self.network, data, True)
+                logs = {"loss": loss[0] if isinstance(loss, (tuple, list)) else loss}
+            self.step.assign_add(1)
+            return {k: tf.cast(v, tf.float32) for k, v in logs.items() if not tf.nest.is_nested(v)}
+        variables = self.network.trainable_variables
+        with tf.GradientTape() as tape:
+            loss, logs = self._loss_and_logs(data, compiled)
+            scaled = self.optimizer.scale_loss(loss)
+        self.optimizer.apply(tape.gradient(scaled, variables), variables)
+        self.step.assign_add(1)
+        return {"loss": loss, **logs}
+
+    def _make_sink_call(self, stacked) -> Callable:
+        """A graph function running `num_steps` steps over stacked batches; returns
+        the sum of each logged scalar. It is traced once for any number of steps and
+        any batch size (a partial batch from a quiet stream must not stall training
+        for a retrace)."""
+        jit = self.boost_level == "O2"
+        resolvable = hasattr(self.network, "resolve")
+        compiled = None
+        if jit and resolvable:
+            compiled = tf.function(
+                lambda data: self._call(self.network, data, True),
+                jit_compile=True,
+                reduce_retracing=True,
+            )
+
+        def step(data):
+            return self._train_step(data, compiled)
+
+        if jit and not resolvable:
+            step = tf.function(step, jit_compile=True, reduce_retracing=True)
+
+        signature = tf.nest.map_structure(
+            lambda t: tf.TensorSpec([None, None, *t.shape[2:]], t.dtype), stacked
+        )
+
+        @tf.function(input_signature=[signature, tf.TensorSpec([], tf.int32)])
+        def call(stacked, num_steps):
+            first = tf.nest.map_structure(lambda t: t[0], stacked)
+            totals = step(first)
+            for index in tf.range(1, num_steps):
+                logs = step(tf.nest.map_structure(lambda t, i=index: t[i], stacked))
+                totals = {key: totals[key] + logs[key] for key in totals}
+            return totals
+
+        return call
+
+    # -- the loops -----------------------------------------------------------
+
+    def online_train(
+        self,
+        train_dataset,
+        callbacks: list | None = None,
+        dataset_sink_mode: bool = True,
+        sink_size: int = 1,
+    ) -> dict:
+        """Trains on an unbounded dataset until it ends, a callback stops training,
+        or SIGINT/SIGTERM arrives (module docstring).
+
+        Args:
+            train_dataset: A ``tf.data.Dataset``, a Python iterable or a stream of
+                `StreamBatch` (optionally None while quiet).
+            callbacks: Keras-style callbacks (see `callbacks.py` for ready-made ones).
+            dataset_sink_mode: Run `sink_size` steps per graph call and call step-end
+                callbacks once per sink.
+            sink_size: Steps per sink, any positive number.
+        Returns:
+            ``steps``, ``events``, ``seconds``, ``stopped_by`` and the last logs.
+        """
+        if sink_size <= 0:
+            raise ValueError(f"sink_size must be a positive number of steps, got {sink_size}")
+        return self._train_loop(train_dataset, callbacks, sink_size if dataset_sink_mode else 1)
+
+    def train(
+        self,
+        epoch: int,
+        train_dataset: Iterable,
+        callbacks: list | None = None,
+        dataset_sink_mode: bool = True,
+        sink_size: int = -1,
+    ) -> dict:
+        """Trains `epoch` passes over a finite dataset; `sink_size` -1 means a whole
+        pass per sink (MindSpore's default)."""
+        if sink_size == 0 or sink_size < -1:
+            raise ValueError(f"sink_size must be positive or -1, got {sink_size}")
+        size = sink_size if dataset_sink_mode and sink_size > 0 else 1
+        if dataset_sink_mode and sink_size == -1:
+            size = 2**31 - 1
+        summary: dict = {}
+        for index in range(epoch):
+            summary = self._train_loop(train_dataset, callbacks, size, epoch_index=index)
+            if summary["stopped_by"] != "end of data":
+                break
+        return summary
+
+    def _train_loop(self, dataset, callbacks, steps_per_call: int, epoch_index=None) -> dict:
+        self._dataset = dataset
+        callback_list = _Callbacks(callbacks, self)
+        self.stop_training = self.network.stop_training = False
+        start, events, logs = time.perf_counter(), 0, {}
+        stopped_by = "end of data"
+        has_position = [False]
+        with _StopSignals() as signals:
+            callback_list.on_train_begin({})
+            if epoch_index is not None:
+                callback_list.on_epoch_begin(epoch_index, {})
+            groups = _groups(iter(dataset), steps_per_call, has_position)
+            prefetcher = _Prefetcher(groups) if self.boost_level != "O0" else None
+            try:
+                for group in prefetcher or groups:
+                    if group is None:
+                        callback_list.on_idle(logs)
+                    else:
+                        logs = self._run_group(group)
+                        if has_position[0]:
+                            self.position = group.position
+                        self.trained_ids = group.ids
+                        events += group.num_events
+                        logs.update(events=events, step=int(self.step.numpy()))
+                        callback_list.on_train_batch_end(logs["step"], logs)
+                    stopped_by = self._stop_reason(signals)
+                    if stopped_by:
+                        break
+                else:
+                    stopped_by = "end of data"
+            finally:
+                if prefetcher is not None:
+                    prefetcher.close()
+            if epoch_index is not None:
+                callback_list.on_epoch_end(epoch_index, logs)
+            callback_list.on_train_end(logs)
+        return {
+            "steps": int(self.step.numpy()),
+            "events": events,
+            "seconds": time.perf_counter() - start,
+            "stopped_by": stopped_by,
+            "logs": logs,
+        }
+
+    def _stop_reason(self, signals: _StopSignals) -> str:
+        if signals.received is not None:
+            return f"signal {signals.received}"
+        if self.stop_training or getattr(self.network, "stop_training", False):
+            return "callback"
+        return ""
+
+    def _run_group(self, group: _Group) -> dict:
+        self._build_optimizer()
+        stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
+        key = tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked))
+        if key not in self._sink_calls:
+            self._sink_calls[key] = self._make_sink_call(stacked)
+        totals = self._sink_calls[key](stacked, tf.constant(group.num_steps))
+        return {key: float(value) / group.num_steps for key, value in totals.items()}
+
+    def eval(self, valid_dataset: Iterable, callbacks: list | None = None) -> dict[str, float]:
+        """Evaluates `metrics` over a finite dataset of ``(data, label)`` batches (or of
+        the eval network's inputs); returns ``{name: value}``."""
+        for metric in self.metrics.values():
+            metric.reset_state()
+        if self._eval_call is None:
+            self._eval_call = tf.function(self._eval_step, reduce_retracing=True)
+        callback_list = _Callbacks(callbacks, self)
+        callback_list.on_test_begin({})
+        for index, batch in enumerate(valid_dataset):
+            data = batch.data if isinstance(batch, StreamBatch) else batch
+            self._eval_call(data)
+            callback_list.on_test_batch_end(index, {})
+        results = {name: float(metric.result()) for name, metric in self.metrics.items()}
+        callback_list.on_test_end(results)
+        return results
+
+    def _eval_step(self, data) -> None:
+        if self.eval_network is not None:
+            outputs = self._call(self.eval_network, data, False)
+            loss, prediction, label = (outputs[i] for i in self.eval_indexes)
+        else:
+            features, label = data
+            prediction = self._forward(features, False, None)
+            loss = self.loss_fn(label, prediction) if self.loss_fn is not None else None
+        prediction = tf.cast(prediction, tf.float32)
+        for metric in self.metrics.values():
+            if type(metric) is keras.metrics.Mean:  # the "loss" metric
+                if loss is not None:
+                    metric.update_state(loss)
+            else:
+                metric.update_state(label, prediction)

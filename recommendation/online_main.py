@@ -1,0 +1,423 @@
+"""Trains NeuMF online from an event stream (``python -m recommendation.online_main``).
+
+    python -m recommendation.online_main --redis_url redis://localhost:6379/0 \\
+        --stream events --model_dir /tmp/ncf-online --export_dir /tmp/ncf-online/export
+    python -m recommendation.online_main --events_dir /data/events --model_dir ...
+
+Events are (user, item, timestamp); users and items get hash-embedding rows as they
+appear. Every batch is first scored (prequential HR@k against sampled negatives) and
+then trained on with --num_neg negatives per event drawn from the items seen so far.
+Checkpoints (with the stream position) are written every --checkpoint_every_steps
+steps or --checkpoint_every_secs seconds, and only then are the events acknowledged
+to Redis; a SavedModel is exported (atomically, keeping --keep_exports versions)
+every --export_every_steps steps or --export_every_secs seconds. SIGINT/SIGTERM
+finishes the step, checkpoints, acknowledges and exits. Flags are read here only;
+`OnlineConfig` carries them inward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import sys
+import time
+
+import numpy as np
+import redis
+import tensorflow as tf
+from absl import app, flags, logging
+
+from official.utils.flags import core
+from recommendation import data_async_generation, ncf_common
+from recommendation.online import callbacks, online_ncf, sources
+from recommendation.online.online_ncf import OnlineParams
+from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, RecModel
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineConfig:
+    """One online training run (built from flags by `config_from_flags`).
+
+    Attributes:
+        redis_url, stream, group, consumer: The Redis stream source.
+        events_dir, dead_letter_file: The event-folder source and its dead letters.
+        model_dir, clean: Checkpoints (resumed unless `clean`).
+        export_dir, keep_exports: Serving exports (versions) and how many to keep.
+        model: Network, hash tables, sampling and optimiser settings.
+        batch_size: Events per training step.
+        sink_size: Steps per graph call.
+        amp_level, boost_level: RecModel precision and speed-up levels.
+        linger_seconds: Longest wait for a batch to fill before training a partial one.
+        checkpoint_every_steps, checkpoint_every_secs: Checkpoint cadence.
+        export_every_steps, export_every_secs: Export cadence.
+        log_every_secs: Metric log cadence.
+        max_events, max_seconds, idle_timeout_secs: Stop conditions (None: none).
+        trained_events_log: Append the source id of every trained event here (audit).
+        summary_file: Write the run summary (with the metric history) here as JSON.
+        seed: Fixes initial weights and sampling.
+    """
+
+    redis_url: str | None = None
+    stream: str = "events"
+    group: str = "trainer"
+    consumer: str = "trainer-0"
+    events_dir: str | None = None
+    dead_letter_file: str | None = None
+    model_dir: str = "/tmp/ncf-online"
+    clean: bool = False
+    export_dir: str | None = None
+    keep_exports: int = 3
+    model: OnlineParams = OnlineParams()
+    batch_size: int = 4096
+    sink_size: int = 4
+    amp_level: str = "O0"
+    boost_level: str = "O1"
+    linger_seconds: float = 0.2
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_secs: float | None = 30.0
+    export_every_steps: int | None = None
+    export_every_secs: float | None = 2.0
+    log_every_secs: float = 10.0
+    max_events: int | None = None
+    max_seconds: float | None = None
+    idle_timeout_secs: float | None = None
+    trained_events_log: str | None = None
+    summary_file: str | None = None
+    seed: int | None = None
+
+
+def table_digest(network: online_ncf.OnlineNeuMF) -> str:
+    """A short hash of both hash tables' (id, row) pairs: equal digests, equal tables."""
+    digest = hashlib.sha256()
+    for embedding in (network.user_embedding, network.item_embedding):
+        keys, slots = embedding.contents()
+        digest.update(np.asarray(keys).tobytes() + b"|" + np.asarray(slots).tobytes() + b"/")
+    return digest.hexdigest()[:16]
+
+
+class TrainedEventsLog(Callback):
+    """Appends the source ids of each trained sink's events to a file (flushed), so
+    that tests and audits can count how often every event was trained."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self._file = None
+
+    def on_train_begin(self, logs=None) -> None:
+        self._file = tf.io.gfile.GFile(self.path, "a")
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self._file.write("".join(f"{i}\n" for i in self.rec_model.trained_ids))
+        self._file.flush()
+
+    def on_train_end(self, logs=None) -> None:
+        self._file.close()
+
+
+class _ReportRestore(Callback):
+    """Prints the restored state (after the checkpoint callback restored it)."""
+
+    def __init__(self, checkpoint: callbacks.CheckpointCallback) -> None:
+        super().__init__()
+        self.checkpoint = checkpoint
+
+    def on_train_begin(self, logs=None) -> None:
+        if self.checkpoint.restored_from:
+            network, step = self.rec_model.network, int(self.rec_model.step.numpy())
+            print(
+                f"restored {self.checkpoint.restored_from}: step={step} "
+                f"users={int(network.user_embedding.size())} "
+                f"items={int(network.item_embedding.size())} tables={table_digest(network)}",
+                flush=True,
+            )
+
+
+def make_source(config: OnlineConfig):
+    """The Redis or folder source the config names."""
+    if config.redis_url:
+        client = redis.Redis.from_url(config.redis_url, socket_timeout=30)
+        try:
+            client.ping()
+        except redis.ConnectionError as error:
+            raise ValueError(
+                f"cannot reach Redis at {config.redis_url} ({error}): start redis-server "
+                "or fix --redis_url"
+            ) from None
+        return sources.RedisSource(client, config.stream, config.group, config.consumer)
+    dead_letter = config.dead_letter_file or os.path.join(config.model_dir, "dead_letters.jsonl")
+    return sources.DirectorySource(config.events_dir, sources.DeadLetterFile(dead_letter))
+
+
+def make_callbacks(config: OnlineConfig) -> list:
+    """Audit log (first: an event is logged before a checkpoint can vouch for it),
+    checkpoint, export, metrics and stop conditions."""
+    checkpoint = callbacks.CheckpointCallback(
+        config.model_dir, config.checkpoint_every_steps, config.checkpoint_every_secs
+    )
+    chosen = [TrainedEventsLog(config.trained_events_log)] if config.trained_events_log else []
+    chosen += [checkpoint, _ReportRestore(checkpoint)]
+    if config.export_dir:
+        chosen.append(
+            callbacks.ExportCallback(
+                config.export_dir,
+                online_ncf.serving,
+                config.export_every_steps,
+                config.export_every_secs,
+                config.keep_exports,
+            )
+        )
+    chosen.append(callbacks.MetricLogger(every_seconds=config.log_every_secs))
+    if config.max_events or config.max_seconds or config.idle_timeout_secs:
+        chosen.append(
+            callbacks.StopAfter(
+                events=config.max_events,
+                seconds=config.max_seconds,
+                idle_seconds=config.idle_timeout_secs,
+            )
+        )
+    return chosen
+
+
+def run(config: OnlineConfig) -> dict:
+    """Trains until a stop condition or signal; returns the run summary."""
+    if config.seed is not None:
+        tf.keras.utils.set_random_seed(config.seed)
+    if config.clean and tf.io.gfile.exists(config.model_dir):
+        tf.io.gfile.rmtree(config.model_dir)
+    tf.io.gfile.makedirs(config.model_dir)
+    rec_model: RecModel = online_ncf.build_rec_model(
+        config.model, config.amp_level, config.boost_level
+    )
+    source = make_source(config)
+    chosen = make_callbacks(config)
+    try:
+        summary = rec_model.online_train(
+            online_ncf.EventStream(source, config.batch_size, config.linger_seconds),
+            chosen,
+            dataset_sink_mode=True,
+            sink_size=config.sink_size,
+        )
+    finally:
+        source.close()
+    history = next(c for c in chosen if isinstance(c, callbacks.MetricLogger)).history
+    hr_values = [record["hr"] for record in history if "hr" in record]
+    summary.update(
+        dead_letters=source.dead_letters,
+        reconnects=getattr(source, "reconnects", 0),
+        prequential_hr=float(np.mean(hr_values)) if hr_values else None,
+        history=history,
+    )
+    if config.summary_file:
+        data_async_generation.write_json_atomically(config.summary_file, summary)
+    return summary
+
+
+def summary_line(summary: dict, top_k: int) -> str:
+    """The one-line result a user reads at the end."""
+    rate = summary["events"] / max(summary["seconds"], 1e-9)
+    hr = summary["prequential_hr"]
+    return (
+        f"online: {summary['events']:,} events in {summary['seconds']:.1f} s "
+        f"({rate:,.0f} events/s), step {summary['steps']}, prequential HR@{top_k}="
+        f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
+        f"reconnects {summary['reconnects']}, stopped by {summary['stopped_by']}"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Flags
+
+
+def define_online_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Every flag of ``online_main`` (Model Garden names where one exists)."""
+    fv = flag_values
+    flags.DEFINE_string(
+        "redis_url", None, "Redis to read events from, redis://host:port/db.", flag_values=fv
+    )
+    flags.DEFINE_string("stream", "events", "Redis stream key.", flag_values=fv)
+    flags.DEFINE_string("group", "trainer", "Redis consumer group.", flag_values=fv)
+    flags.DEFINE_string(
+        "consumer", "trainer-0", "Consumer name; keep it across restarts.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "events_dir", None, "Folder of append-only *.jsonl / *.csv event files.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "dead_letter_file",
+        None,
+        "Malformed events from --events_dir (default MODEL_DIR/dead_letters.jsonl).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "model_dir", "/tmp/ncf-online", "Checkpoints.", short_name="md", flag_values=fv
+    )
+    flags.DEFINE_boolean("clean", False, "Start over (delete model_dir).", flag_values=fv)
+    flags.DEFINE_string("export_dir", None, "Folder of SavedModel versions.", flag_values=fv)
+    flags.DEFINE_integer("keep_exports", 3, "Export versions kept.", flag_values=fv)
+    flags.DEFINE_integer("batch_size", 4096, "Events per training step.", flag_values=fv)
+    flags.DEFINE_integer("num_factors", 8, "GMF embedding width.", flag_values=fv)
+    flags.DEFINE_list("layers", ["64", "32", "16", "8"], "MLP widths (first even).", flag_values=fv)
+    flags.DEFINE_integer("num_neg", 4, "Negatives per event.", flag_values=fv)
+    flags.DEFINE_float("learning_rate", 0.001, "Adam learning rate.", flag_values=fv)
+    flags.DEFINE_integer("user_capacity", 2**16, "Rows of the user hash table.", flag_values=fv)
+    flags.DEFINE_integer("item_capacity", 2**15, "Rows of the item hash table.", flag_values=fv)
+    flags.DEFINE_integer(
+        "permit_filter_value", 1, "Sightings before an id gets its own row.", flag_values=fv
+    )
+    flags.DEFINE_integer(
+        "evict_filter_value", None, "Free rows unseen for this many steps.", flag_values=fv
+    )
+    flags.DEFINE_float("max_norm", None, "Clip embedding rows to this norm.", flag_values=fv)
+    flags.DEFINE_integer(
+        "prequential_events", 64, "Events per batch scored before training.", flag_values=fv
+    )
+    flags.DEFINE_integer(
+        "prequential_negatives",
+        99,
+        "Negatives each scored event is ranked against.",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer("top_k", 10, "k of HR@k.", flag_values=fv)
+    flags.DEFINE_integer("sink_size", 4, "Steps per graph call.", flag_values=fv)
+    flags.DEFINE_enum("amp_level", "O0", list(AMP_LEVELS), "Mixed precision level.", flag_values=fv)
+    flags.DEFINE_enum("boost_level", "O1", list(BOOST_LEVELS), "Speed-up level.", flag_values=fv)
+    flags.DEFINE_float("linger_seconds", 0.2, "Longest wait for a batch to fill.", flag_values=fv)
+    flags.DEFINE_integer("checkpoint_every_steps", None, "Checkpoint cadence.", flag_values=fv)
+    flags.DEFINE_float("checkpoint_every_secs", 30.0, "Checkpoint cadence.", flag_values=fv)
+    flags.DEFINE_integer("export_every_steps", None, "Export cadence.", flag_values=fv)
+    flags.DEFINE_float("export_every_secs", 2.0, "Export cadence.", flag_values=fv)
+    flags.DEFINE_float("log_every_secs", 10.0, "Metric log cadence.", flag_values=fv)
+    flags.DEFINE_integer("max_events", None, "Stop after this many events.", flag_values=fv)
+    flags.DEFINE_float("max_seconds", None, "Stop after this long.", flag_values=fv)
+    flags.DEFINE_float(
+        "idle_timeout_secs", None, "Stop once the stream is quiet this long.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "trained_events_log", None, "Append every trained event's id here.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "summary_file", None, "Write the summary and metric history here (JSON).", flag_values=fv
+    )
+    flags.DEFINE_integer("seed", None, "Seed for weights and sampling.", flag_values=fv)
+    for name in (
+        "keep_exports",
+        "batch_size",
+        "num_factors",
+        "num_neg",
+        "learning_rate",
+        "user_capacity",
+        "item_capacity",
+        "permit_filter_value",
+        "prequential_events",
+        "prequential_negatives",
+        "top_k",
+        "sink_size",
+        "log_every_secs",
+    ):
+        core.require_positive(name, flag_values=fv)
+    for name in (
+        "evict_filter_value",
+        "max_norm",
+        "checkpoint_every_steps",
+        "checkpoint_every_secs",
+        "export_every_steps",
+        "export_every_secs",
+        "max_events",
+        "max_seconds",
+        "idle_timeout_secs",
+    ):
+        core.require_positive(name, allow_none=True, flag_values=fv)
+    core.require_non_negative("linger_seconds", flag_values=fv)
+    flags.register_validator(
+        "layers",
+        lambda value: ncf_common.layers_error(value) is None,
+        message="--layers must be positive integers, the first even (e.g. 64,32,16,8)",
+        flag_values=fv,
+    )
+    flags.register_multi_flags_validator(
+        ["redis_url", "events_dir"],
+        lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
+        message="give exactly one source: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
+        flag_values=fv,
+    )
+    flags.register_multi_flags_validator(
+        ["checkpoint_every_steps", "checkpoint_every_secs"],
+        lambda values: bool(values["checkpoint_every_steps"] or values["checkpoint_every_secs"]),
+        message="set --checkpoint_every_steps or --checkpoint_every_secs",
+        flag_values=fv,
+    )
+
+
+def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> OnlineConfig:
+    """The run the parsed flags describe."""
+    f = flag_values
+    layers = tuple(int(width) for width in f.layers)
+    model = OnlineParams(
+        mf_dim=f.num_factors,
+        layers=layers,
+        mlp_regularization=(0.0,) * len(layers),
+        user_capacity=f.user_capacity,
+        item_capacity=f.item_capacity,
+        permit_filter_value=f.permit_filter_value,
+        evict_filter_value=f.evict_filter_value,
+        max_norm=f.max_norm,
+        num_neg=f.num_neg,
+        prequential_events=f.prequential_events,
+        prequential_negatives=f.prequential_negatives,
+        top_k=f.top_k,
+        learning_rate=f.learning_rate,
+    )
+    return OnlineConfig(
+        redis_url=f.redis_url,
+        stream=f.stream,
+        group=f.group,
+        consumer=f.consumer,
+        events_dir=f.events_dir,
+        dead_letter_file=f.dead_letter_file,
+        model_dir=f.model_dir,
+        clean=f.clean,
+        export_dir=f.export_dir,
+        keep_exports=f.keep_exports,
+        model=model,
+        batch_size=f.batch_size,
+        sink_size=f.sink_size,
+        amp_level=f.amp_level,
+        boost_level=f.boost_level,
+        linger_seconds=f.linger_seconds,
+        checkpoint_every_steps=f.checkpoint_every_steps,
+        checkpoint_every_secs=f.checkpoint_every_secs,
+        export_every_steps=f.export_every_steps,
+        export_every_secs=f.export_every_secs,
+        log_every_secs=f.log_every_secs,
+        max_events=f.max_events,
+        max_seconds=f.max_seconds,
+        idle_timeout_secs=f.idle_timeout_secs,
+        trained_events_log=f.trained_events_log,
+        summary_file=f.summary_file,
+        seed=f.seed,
+    )
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = config_from_flags(flags.FLAGS)
+    start = time.perf_counter()
+    try:
+        summary = run(config)
+    except (redis.RedisError, ValueError, tf.errors.OpError) as error:
+        sys.exit(f"error: {error}")
+    logging.info("online training ran %.1f s", time.perf_counter() - start)
+    print(summary_line(summary, config.model.top_k))
+
+
+def run_main() -> None:
+    """Console-script entry point (``ncf-online``)."""
+    define_online_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run_main()

@@ -1,0 +1,392 @@
+"""Online training benchmark: ML-1M replayed through a real Redis, one run.
+
+    python scripts/benchmark_online.py --ratings ../shared/data/ml-1m/ratings.dat
+
+It starts its own redis-server, splits ML-1M as the offline benchmark does (each
+user's last interaction held out, 999 sampled evaluation negatives), publishes the
+other ratings into a stream in timestamp order, and measures
+
+- sustained throughput: events/s trained by ``online_main`` (4 negatives each) at
+  each boost level, the O0 run as the baseline (ratio);
+- freshness: ratings replayed at --live_rate events/s while ``online_main`` runs with
+  its default export cadence; for each export, the time from the publication of the
+  oldest rating it newly contains to the export's appearance;
+- accuracy: the prequential HR@10 curve of the full pass, then HR@10 of the final
+  export against the 999 negatives, beside offline NeuMF trained for
+  --offline_epochs epoch(s) with the same network on the same split (ratio).
+
+Each trainer is a separate process reading the same stream through its own consumer
+group. The load average is printed beside the numbers: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import redis
+import tensorflow as tf
+from absl import app, flags, logging
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import replay_events  # noqa: E402  (a sibling script)
+
+from recommendation import (  # noqa: E402
+    data_async_generation,
+    data_preprocessing,
+    movielens,
+    ncf_main,
+    neumf_model,
+)
+from recommendation.data_preprocessing import DataConfig  # noqa: E402
+from recommendation.ncf_common import NcfConfig  # noqa: E402
+from recommendation.neumf_model import ModelParams  # noqa: E402
+from recommendation.online import export  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = flags.FLAGS
+flags.DEFINE_string("ratings", None, "ML-1M ratings.dat (inside a folder named ml-1m).")
+flags.DEFINE_string("work_dir", None, "Scratch folder (default: a new temporary one).")
+flags.DEFINE_list("boost_levels", ["O0", "O1", "O2"], "Boost levels to time.")
+flags.DEFINE_integer("throughput_events", 300_000, "Events per throughput run.")
+flags.DEFINE_integer("repeats", 2, "Throughput runs per boost level (interleaved).")
+flags.DEFINE_float("live_rate", 10_000, "Replay rate of the freshness run, events/s.")
+flags.DEFINE_float("live_seconds", 30, "Length of the freshness run's replay.")
+flags.DEFINE_integer("offline_epochs", 1, "Epochs of the offline baseline (0: skip it).")
+flags.DEFINE_integer("seed", 1, "Seed of the evaluation negatives and the models.")
+flags.mark_flag_as_required("ratings")
+
+TARGET_EVENTS_PER_SECOND = 20_000
+TARGET_FRESHNESS_SECONDS = 10.0
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (2 cores: 2.0 is a full machine)."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_redis(work_dir: str) -> tuple[subprocess.Popen, str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("error: redis-server is not on PATH: apt-get install -y redis-server")
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            work_dir,
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return process, f"redis://127.0.0.1:{port}/0"
+
+
+def _split(ratings_path: str, work_dir: str, seed: int):
+    """The offline split and evaluation blocks, and the training ratings in time order."""
+    data_dir = os.path.dirname(os.path.dirname(os.path.abspath(ratings_path)))
+    if os.path.basename(os.path.dirname(os.path.abspath(ratings_path))) != movielens.ML_1M:
+        sys.exit(f"error: {ratings_path} must be ml-1m/ratings.dat (the ML-1M release layout)")
+    config = DataConfig(
+        dataset=movielens.ML_1M, data_dir=data_dir, cache_dir=os.path.join(work_dir, "cache")
+    )
+    data = data_preprocessing.load_or_build(config).data
+    blocks = data_async_generation.eval_blocks(data, 999, seed)
+    events = replay_events.load_events(ratings_path, movielens.DAT_FORMAT)
+    held_out = data.user_ids.astype(np.int64) * 10**7 + data.item_ids[data.eval_items]
+    keep = ~np.isin(events[:, 0] * 10**7 + events[:, 1], held_out)
+    return config, data, blocks, events[keep]
+
+
+def _trainer(
+    redis_url: str, stream: str, group: str, work_dir: str, *extra: str
+) -> subprocess.Popen:
+    folder = os.path.join(work_dir, group)
+    log = open(os.path.join(work_dir, f"{group}.log"), "w")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recommendation.online_main",
+            f"--redis_url={redis_url}",
+            f"--stream={stream}",
+            f"--group={group}",
+            f"--model_dir={folder}/model",
+            f"--summary_file={folder}/summary.json",
+            "--log_every_secs=2",
+            f"--seed={FLAGS.seed}",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _summary(work_dir: str, group: str) -> dict:
+    with open(os.path.join(work_dir, group, "summary.json")) as summary:
+        return json.load(summary)
+
+
+def _sustained(summary: dict) -> float:
+    """Events/s between the first and last metric reports (start-up and tracing out)."""
+    history = [h for h in summary["history"] if h["events"] > 0]
+    if len(history) < 2:
+        return summary["events"] / summary["seconds"]
+    first, last = history[0], history[-1]
+    return (last["events"] - first["events"]) / (last["seconds"] - first["seconds"])
+
+
+def _throughput(redis_url: str, work_dir: str, events: int) -> dict[str, dict]:
+    """Sustained events/s per boost level: the levels take turns, --repeats rounds,
+    so that a change in the machine's load falls on all of them alike."""
+    rates: dict[str, list[float]] = {level: [] for level in FLAGS.boost_levels}
+    loads: dict[str, list[str]] = {level: [] for level in FLAGS.boost_levels}
+    for round_index in range(FLAGS.repeats):
+        for level in FLAGS.boost_levels:
+            group = f"boost-{level}-{round_index}"
+            loads[level].append(_load())
+            process = _trainer(
+                redis_url,
+                "train",
+                group,
+                work_dir,
+                f"--boost_level={level}",
+                f"--max_events={events}",
+                "--idle_timeout_secs=5",
+            )
+            process.wait()
+            rates[level].append(_sustained(_summary(work_dir, group)))
+            logging.info("boost %s: %.0f events/s", level, rates[level][-1])
+    return {
+        level: {
+            "events": events,
+            "rate": float(np.mean(rates[level])),
+            "runs": rates[level],
+            "load": loads[level][0],
+        }
+        for level in FLAGS.boost_levels
+    }
+
+
+def _full_pass(redis_url: str, work_dir: str) -> tuple[dict, str, str]:
+    load = _load()
+    export_dir = os.path.join(work_dir, "full", "export")
+    process = _trainer(
+        redis_url, "train", "full", work_dir, f"--export_dir={export_dir}", "--idle_timeout_secs=5"
+    )
+    process.wait()
+    return _summary(work_dir, "full"), export.latest_export(export_dir), load
+
+
+def _hit_rate(export_dir: str, data, blocks) -> float:
+    """HR@10 of an export on the evaluation blocks (raw ids, 999 negatives + held-out)."""
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    users = np.repeat(data.user_ids[blocks.users].astype(np.int64), blocks.block_size)
+    items = data.item_ids[blocks.items.reshape(-1)].astype(np.int64)
+    scores = np.concatenate(
+        [
+            serve(user_id=users[i : i + 200_000], item_id=items[i : i + 200_000])["scores"].numpy()
+            for i in range(0, len(users), 200_000)
+        ]
+    )
+    hits, _ = neumf_model.compute_hr_ndcg(
+        scores.reshape(-1, blocks.block_size), tf.constant(blocks.duplicate_mask), 10
+    )
+    return float(tf.reduce_mean(hits))
+
+
+class _ExportWatcher(threading.Thread):
+    """Notes when each export version appears and the stream position it holds."""
+
+    def __init__(self, export_dir: str) -> None:
+        super().__init__(daemon=True)
+        self.export_dir, self.seen, self.stop = export_dir, [], threading.Event()
+
+    def run(self) -> None:
+        known = set()
+        while not self.stop.is_set():
+            for version in export.versions(self.export_dir):
+                if version not in known:
+                    known.add(version)
+                    path = os.path.join(self.export_dir, str(version))
+                    try:
+                        position = export.read_info(path)["position"]
+                    except (tf.errors.NotFoundError, FileNotFoundError):
+                        continue  # already replaced by a newer one
+                    self.seen.append((time.time(), position))
+            time.sleep(0.02)
+
+
+def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
+    """Replays at --live_rate and measures publication-to-export times."""
+    client = redis.Redis.from_url(redis_url)
+    publisher = replay_events.RedisPublisher(client, "live")
+    warm_up = 5000
+    publisher.publish(events[:warm_up])
+    export_dir = os.path.join(work_dir, "live", "export")
+    watcher = _ExportWatcher(export_dir)
+    watcher.start()
+    process = _trainer(redis_url, "live", "live", work_dir, f"--export_dir={export_dir}")
+    while not watcher.seen:  # started, traced, first export written
+        time.sleep(0.1)
+    load = _load()
+    count = int(FLAGS.live_rate * FLAGS.live_seconds)
+    live_start_ms = time.time() * 1000
+    seconds = replay_events.replay(
+        publisher, events[warm_up : warm_up + count], FLAGS.live_rate, chunk=500
+    )
+    time.sleep(6)  # let the last events reach an export
+    process.send_signal(signal.SIGTERM)  # finishes the step, checkpoints, exits
+    process.wait()
+    watcher.stop.set()
+    watcher.join()
+    delays = []
+    for (_, previous), (seen_at, position) in zip(watcher.seen, watcher.seen[1:], strict=False):
+        if not previous or position == previous:
+            continue
+        first_new = client.xrange("live", min=f"({previous}", count=1)
+        published_ms = int(first_new[0][0].split(b"-")[0])
+        if published_ms >= live_start_ms:
+            delays.append(seen_at - published_ms / 1000)
+    return {
+        "delays": np.array(delays),
+        "rate": count / seconds,
+        "load": load,
+        "stopped_by": _summary(work_dir, "live")["stopped_by"],
+    }
+
+
+def _offline(config: DataConfig, work_dir: str) -> tuple[float, float, str]:
+    load = _load()
+    start = time.perf_counter()
+    summary = ncf_main.run(
+        NcfConfig(
+            data=config,
+            model_dir=os.path.join(work_dir, "offline"),
+            train_epochs=FLAGS.offline_epochs,
+            batch_size=4096 * 5,  # the online step's points: 4096 events x (1 + 4)
+            num_eval_negatives=999,
+            seed=FLAGS.seed,
+            model=ModelParams(num_users=0, num_items=0),  # mf 8, layers 64-32-16-8
+        )
+    ).summary
+    return summary["best_hr"], time.perf_counter() - start, load
+
+
+def _print_report(data, train_events, publish, throughput, full, full_hr, fresh, offline):
+    print(
+        f"\nOnline training benchmark: ML-1M, {len(train_events):,} training events "
+        f"({data.num_users:,} users, {data.num_items:,} items), one evaluation hold-out per user"
+    )
+    print(f"publication (unpaced XADD, pipelined): {publish:,.0f} events/s\n")
+    base = throughput.get("O0", {}).get("rate")
+    print(f"sustained events/s (boost levels: mean of {FLAGS.repeats} interleaved runs each)")
+    print("run                         |    events | sustained events/s | vs O0 | load average")
+    print("----------------------------+-----------+--------------------+-------+-------------")
+    rows = [(f"boost {level}, sink 4", r) for level, r in throughput.items()]
+    rows.append(
+        (
+            "full pass, defaults (O1)",
+            {"events": full[0]["events"], "rate": _sustained(full[0]), "load": full[2]},
+        )
+    )
+    for name, r in rows:
+        ratio = f"{r['rate'] / base:5.2f}x" if base else "    -"
+        runs = " (" + ", ".join(f"{x:,.0f}" for x in r["runs"]) + ")" if "runs" in r else ""
+        print(f"{name:27} | {r['events']:9,} | {r['rate']:18,.0f} | {ratio} | {r['load']}{runs}")
+    best = max(r["rate"] for _, r in rows)
+    verdict = "MET" if best >= TARGET_EVENTS_PER_SECOND else "NOT MET"
+    print(f"target >= {TARGET_EVENTS_PER_SECOND:,} events/s (4 negatives each): {verdict}\n")
+
+    delays = fresh["delays"]
+    print(
+        f"freshness: replay at {fresh['rate']:,.0f} events/s, exports every 2 s "
+        f"(load average {fresh['load']}), stopped by {fresh['stopped_by']}"
+    )
+    if len(delays):
+        worst = float(delays.max())
+        verdict = "MET" if worst < TARGET_FRESHNESS_SECONDS else "NOT MET"
+        print(
+            f"  {len(delays)} exports: publication -> export p50 {np.median(delays):.2f} s, "
+            f"p90 {np.percentile(delays, 90):.2f} s, max {worst:.2f} s "
+            f"(target < {TARGET_FRESHNESS_SECONDS:.0f} s: {verdict})\n"
+        )
+
+    print("prequential HR@10 (first 64 events of each batch, 99 sampled negatives), full pass:")
+    print("   events | HR@10")
+    history = full[0]["history"]
+    for record in history[:: max(1, len(history) // 10)] + history[-1:]:
+        print(f"{record['events']:9,} | {record.get('hr', float('nan')):.4f}")
+    print(f"mean over the pass: {full[0]['prequential_hr']:.4f}\n")
+
+    print("final HR@10, 999 negatives, last interaction per user:")
+    print(f"  online, one pass (final export)         {full_hr:.4f}")
+    if offline is not None:
+        hr, seconds, load = offline
+        print(
+            f"  offline, {FLAGS.offline_epochs} epoch(s), same network   {hr:.4f} "
+            f"({seconds:.0f} s, load average {load})"
+        )
+        print(f"  ratio online / offline                  {full_hr / hr:.2f}")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="ncf-online-bench-")
+    os.makedirs(work_dir, exist_ok=True)
+    print(f"start: load average {_load()}")
+    config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
+    server, redis_url = _start_redis(work_dir)
+    try:
+        start = time.perf_counter()
+        replay_events.replay(
+            replay_events.RedisPublisher(redis.Redis.from_url(redis_url), "train"),
+            train_events,
+            rate=0,
+            chunk=5000,
+        )
+        publish = len(train_events) / (time.perf_counter() - start)
+        throughput = _throughput(redis_url, work_dir, FLAGS.throughput_events)
+        full = _full_pass(redis_url, work_dir)
+        full_hr = _hit_rate(full[1], data, blocks)
+        fresh = _freshness(redis_url, work_dir, train_events)
+    finally:
+        server.terminate()
+        server.wait()
+    offline = _offline(config, work_dir) if FLAGS.offline_epochs else None
+    _print_report(data, train_events, publish, throughput, full, full_hr, fresh, offline)
+    print(f"end: load average {_load()}")
+
+
+if __name__ == "__main__":
+    app.run(main)
