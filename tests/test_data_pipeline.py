@@ -206,7 +206,10 @@ _TRAINER = textwrap.dedent("""
     with DataProducer(params, sys.argv[2]) as producer:
         producer.eval_data()
         print(producer._process.pid, flush=True)
-        time.sleep(600)
+        # Short sleeps, like the trainer's polling: a signal that lands on one of
+        # TensorFlow's threads is only seen when the main thread next wakes up.
+        for _ in range(6000):
+            time.sleep(0.1)
 """)
 
 
