@@ -22,6 +22,7 @@ source files, the parameters or the format change, when it is older than
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import io
@@ -167,24 +168,34 @@ def preprocess(
     users, items, timestamps = raw.users, raw.items, raw.timestamps
     if drop_duplicates:
         users, items, timestamps = _drop_repeated_pairs(users, items, timestamps)
-    user_index, user_ids = pd.factorize(users)  # first-appearance order, as the reference
-    user_counts = np.bincount(user_index)
-    kept_users = user_counts >= min_num_ratings
-    if not kept_users.any():
-        raise DataError(
-            f"every user has fewer than {min_num_ratings} ratings, so none is left; use a "
-            f"larger dataset or lower --min_num_ratings"
-        )
-    if not kept_users.all():
-        keep = kept_users[user_index]
-        # Renumbering the kept codes in order keeps first-appearance order.
-        user_index = (np.cumsum(kept_users) - 1)[user_index[keep]]
-        user_ids = user_ids[kept_users]
-        user_counts = user_counts[kept_users]
-        items = items[keep]
-        timestamps = None if timestamps is None else timestamps[keep]
-    item_index, item_ids = pd.factorize(items)
-    order = _time_order(user_index, timestamps, ml_perf)
+    # Sorts and factorizations release the GIL, so the (user, time) sort runs in a
+    # worker beside the factorizations (two cores: about a third less time on ml-20m).
+    # The reference's time quicksort starts at once, on all rows: MovieLens never has
+    # users to drop, and when some are dropped it is redone on the rows that are kept.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as worker:
+        by_time = None
+        if ml_perf and timestamps is not None:
+            by_time = worker.submit(np.argsort, timestamps, kind="quicksort")
+        user_index, user_ids = pd.factorize(users)  # first-appearance order, as the reference
+        user_counts = np.bincount(user_index)
+        kept_users = user_counts >= min_num_ratings
+        if not kept_users.any():
+            raise DataError(
+                f"every user has fewer than {min_num_ratings} ratings, so none is left; use "
+                f"a larger dataset or lower --min_num_ratings"
+            )
+        if not kept_users.all():
+            keep = kept_users[user_index]
+            # Renumbering the kept codes in order keeps first-appearance order.
+            user_index = (np.cumsum(kept_users) - 1)[user_index[keep]]
+            user_ids = user_ids[kept_users]
+            user_counts = user_counts[kept_users]
+            items = items[keep]
+            timestamps = None if timestamps is None else timestamps[keep]
+            by_time = None
+        order = worker.submit(_time_order, user_index, timestamps, ml_perf, by_time)
+        item_index, item_ids = pd.factorize(items)
+        order = order.result()
     sorted_items = item_index.astype(constants.INDEX_DTYPE)[order]
     ends = np.cumsum(user_counts)
     is_holdout = np.zeros(len(order), dtype=bool)
@@ -206,15 +217,23 @@ def _drop_repeated_pairs(users, items, timestamps):
     return users[latest], items[latest], None if timestamps is None else timestamps[latest]
 
 
-def _time_order(user_index: np.ndarray, timestamps: np.ndarray | None, ml_perf: bool):
-    """Row order sorted by (user, time); equal times keep file order unless `ml_perf`."""
+def _time_order(
+    user_index: np.ndarray,
+    timestamps: np.ndarray | None,
+    ml_perf: bool,
+    by_time: concurrent.futures.Future | None = None,
+) -> np.ndarray:
+    """Row order sorted by (user, time); equal times keep file order unless `ml_perf`.
+
+    `by_time`, if given, holds the result of the `ml_perf` time quicksort of these rows.
+    """
     if timestamps is None:
         return np.argsort(user_index, kind="stable")
     if ml_perf:
         # The reference sorts by time with pandas' default (unstable) quicksort before
         # its stable (user, time) sort; the MLPerf HR targets were set with that order.
         # Rows are then already in time order, so a stable sort by user finishes it.
-        first = np.argsort(timestamps, kind="quicksort")
+        first = np.argsort(timestamps, kind="quicksort") if by_time is None else by_time.result()
         return first[_stable_argsort_small_ints(user_index[first])]
     span = int(timestamps.max()) - int(timestamps.min())
     if span < 2**31 and len(user_index) < 2**31:

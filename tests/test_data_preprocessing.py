@@ -42,25 +42,29 @@ def test_every_user_filtered_out():
 def _random_ratings(seed: int, num_rows: int = 5000) -> RawRatings:
     rng = np.random.default_rng(seed)
     users = rng.integers(1, 60, num_rows)
+    users[rng.choice(num_rows, 40, replace=False)] = rng.integers(100, 120, 40)  # few each
     items = rng.integers(1, 400, num_rows) * 7
     times = rng.integers(0, 30, num_rows)  # many same-second ties
     return RawRatings(users, items, times)
 
 
-def _reference_order(raw: RawRatings, ml_perf: bool) -> pd.DataFrame:
-    """The Model Garden's pandas steps, without filtering (min_num_ratings=2 keeps all)."""
+def _reference_order(raw: RawRatings, ml_perf: bool, min_num_ratings: int) -> pd.DataFrame:
+    """The Model Garden's pandas steps."""
     frame = pd.DataFrame({"user": raw.users, "item": raw.items, "timestamp": raw.timestamps})
+    frame = frame.groupby("user").filter(lambda ratings: len(ratings) >= min_num_ratings)
     if ml_perf:
         frame = frame.sort_values(by="timestamp")
         return frame.sort_values(["user", "timestamp"], kind="mergesort")
     return frame.sort_values(["user", "timestamp"], kind="stable")
 
 
+@pytest.mark.parametrize("min_num_ratings", [2, 5])  # 5 drops some of the sparse users
 @pytest.mark.parametrize("ml_perf", [False, True])
-def test_holdout_matches_the_reference_sort(ml_perf):
+def test_holdout_matches_the_reference_sort(ml_perf, min_num_ratings):
     raw = _random_ratings(seed=3)
-    data = data_preprocessing.preprocess(raw, min_num_ratings=2, ml_perf=ml_perf)
-    reference = _reference_order(raw, ml_perf)
+    data = data_preprocessing.preprocess(raw, min_num_ratings=min_num_ratings, ml_perf=ml_perf)
+    reference = _reference_order(raw, ml_perf, min_num_ratings)
+    assert data.num_users == reference["user"].nunique() < len(np.unique(raw.users))
     last = reference.groupby("user", sort=False).tail(1)
     expected = dict(zip(last["user"], last["item"], strict=True))
     held_out = data.item_ids[data.eval_items]
