@@ -445,7 +445,7 @@ def report(results: dict[str, MethodResult], ratings: str, dataset: str) -> None
     print(f"cache contents equal to ours: {'yes' if cache_same else 'NO'}")
 
     reference = results.get("reference")
-    speedups = []
+    speedups: dict[str, float] = {}
     if reference is not None:
         print()
         killed = reference.timed_out_after_s is not None
@@ -458,7 +458,7 @@ def report(results: dict[str, MethodResult], ratings: str, dataset: str) -> None
             else:
                 total = reference.summary["total_s"]
                 process = reference.summary["process_s"]
-            speedups.append(total / mine["total_s"])
+            speedups[method] = total / mine["total_s"]
             process_ratio = "-" if process is None else _ratio(process, mine["process_s"], killed)
             print(
                 f"speed ratio reference/{LABELS[method]}: total "
@@ -484,14 +484,17 @@ def report(results: dict[str, MethodResult], ratings: str, dataset: str) -> None
     peak = max(results[m].summary["peak_rss_bytes"] for m in OUR_METHODS) / GIB
     print("\ntargets:")
     if speedups:
-        slowest = min(speedups)
         killed = reference.timed_out_after_s is not None
-        met = "MET" if slowest >= TARGET_SPEEDUP else "UNKNOWN" if killed else "NOT MET"
         bound = ">=" if killed else ""
-        print(
-            f"  ours >= {TARGET_SPEEDUP:.0f}x faster than the reference (total, slower of "
-            f"both orders): {met} ({bound}{slowest:.1f}x)"
-        )
+        # The target is for our preprocessing as every command runs it; the --ml_perf
+        # order (which first repeats the reference's quicksort) is reported beside it.
+        for method, what in (("ours", "default order"), ("ours_ml_perf", "--ml_perf order")):
+            speedup = speedups[method]
+            met = "MET" if speedup >= TARGET_SPEEDUP else "UNKNOWN" if killed else "NOT MET"
+            print(
+                f"  ours >= {TARGET_SPEEDUP:.0f}x faster than the reference (total, {what}): "
+                f"{met} ({bound}{speedup:.1f}x)"
+            )
     else:
         print(f"  ours >= {TARGET_SPEEDUP:.0f}x faster than the reference: not checked")
     met = "MET" if peak < TARGET_PEAK_GIB else "NOT MET"
