@@ -304,8 +304,8 @@ def _parsed_batches(records: tf.data.Dataset, parse: Callable) -> tf.data.Datase
     """`records` parsed in parallel and prefetched, with fixed parallelism.
 
     tf.data's autotuning is off: its model thread is not woken when the iterator is
-    deleted, and deleting each cycle's iterator then took up to a minute (7 to 98 s
-    seen here). Parsing is a few copies per batch; fixed parallelism keeps up.
+    deleted, and deleting each cycle's iterator then took 7 to 40 s in most cold runs
+    here. Parsing is a few copies per batch; fixed parallelism keeps up.
     """
     options = tf.data.Options()
     options.autotune.enabled = False

@@ -158,8 +158,8 @@ class Runner:
         if replicas == 1 and not self._on_accelerator():
             # One CPU replica needs no distribution. tf.distribute would read through a
             # multi-device iterator whose per-device tf.data autotuning thread is not
-            # woken when the iterator is deleted: each cycle's iterator then took up
-            # to a minute (7 to 98 s seen here) to go away.
+            # woken when the iterator is deleted: each cycle's iterator then took 7 to
+            # 40 s to go away in most cold runs here.
             return input_fn()
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
