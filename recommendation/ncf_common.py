@@ -250,6 +250,19 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_float("beta2", 0.999, "Adam beta2.", flag_values=fv)
     flags.DEFINE_float("epsilon", 1e-8, "Adam epsilon.", flag_values=fv)
     flags.DEFINE_float(
+        "learning_rate_decay",
+        1.0,
+        "Multiply the learning rate by this once per epoch from --decay_start_epoch on "
+        "(1 keeps it constant).",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "decay_start_epoch",
+        0,
+        "First epoch (0-based) trained at a rate decayed by --learning_rate_decay.",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
         "hr_threshold",
         1.0,
         "Stop once HR@top_k reaches this value.",
@@ -309,6 +322,13 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     ):
         core.require_positive(name, flag_values=fv)
     core.require_non_negative("mf_regularization", flag_values=fv)
+    core.require_non_negative("decay_start_epoch", flag_values=fv)
+    flags.register_validator(
+        "learning_rate_decay",
+        lambda value: 0.0 < value <= 1.0,
+        message="--learning_rate_decay must be in (0, 1]: the factor applied each epoch",
+        flag_values=fv,
+    )
     flags.register_validator(
         "layers",
         lambda value: layers_error(value) is None,
@@ -425,6 +445,8 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
         beta1=fv.beta1,
         beta2=fv.beta2,
         epsilon=fv.epsilon,
+        learning_rate_decay=fv.learning_rate_decay,
+        decay_start_epoch=fv.decay_start_epoch,
         top_k=fv.top_k,
         sparse_updates=fv.sparse_embedding_updates,
         dtype=fv.dtype,

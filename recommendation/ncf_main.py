@@ -146,6 +146,11 @@ def run(config: NcfConfig) -> RunResult:
     return RunResult(summary, runner)
 
 
+def _batches_per_epoch(config: NcfConfig, data: PreprocessedData) -> int:
+    """Global batches in one epoch: every positive with its negatives, the last padded."""
+    return -(-data.num_train_positives * (1 + config.num_neg) // config.batch_size)
+
+
 def _make_runner(
     config: NcfConfig, data: PreprocessedData, strategy: tf.distribute.Strategy
 ) -> Runner:
@@ -156,7 +161,11 @@ def _make_runner(
         else config.num_eval_negatives
     ) + 1
     model_params = dataclasses.replace(
-        config.model, num_users=data.num_users, num_items=data.num_items, eval_block_size=block
+        config.model,
+        num_users=data.num_users,
+        num_items=data.num_items,
+        eval_block_size=block,
+        steps_per_epoch=_batches_per_epoch(config, data),
     )
     runner = Runner(
         neumf_model.model_fn,
@@ -209,6 +218,12 @@ def _train_and_evaluate(
         for index, epochs in enumerate(cycles):
             waited = time.perf_counter()
             info = producer.cycle(index)
+            if info.batches_per_epoch != runner.params.steps_per_epoch:
+                # The learning-rate schedule counts epochs in steps: they must agree.
+                raise RuntimeError(
+                    f"the producer wrote {info.batches_per_epoch} batches per epoch, the "
+                    f"trainer expects {runner.params.steps_per_epoch}"
+                )
             # The first cycle cannot overlap training; later waits are pipeline stalls.
             key = "first_wait_seconds" if index == 0 else "wait_seconds"
             summary[key] += time.perf_counter() - waited
@@ -345,7 +360,7 @@ def _report(
 
 def _run_synthetic(config: NcfConfig, data: PreprocessedData, runner: Runner, start: float) -> dict:
     """Pure throughput: random in-memory batches, the real model and step, no eval."""
-    steps = -(-data.num_train_positives * (1 + config.num_neg) // config.batch_size)
+    steps = _batches_per_epoch(config, data)
     progress = _EpochProgress(0, config.train_epochs, steps, runner.is_chief)
     result = runner.train(
         lambda: data_pipeline.synthetic_train_input_fn(

@@ -33,6 +33,11 @@ class ModelParams:
         mlp_regularization: L2 weight of each MLP layer (entry 0 is unused, as in the
             reference: layer 0 is the embedding concatenation).
         learning_rate, beta1, beta2, epsilon: Adam.
+        learning_rate_decay: Factor applied to the learning rate once per epoch from
+            epoch `decay_start_epoch` (0-based) on; 1.0 keeps it constant.
+        decay_start_epoch: First epoch trained at the decayed rate.
+        steps_per_epoch: Optimiser steps in one epoch (global batches); needed only
+            when the rate decays.
         top_k: k of HR@k and NDCG@k.
         eval_block_size: Items per evaluation user (negatives + the held-out one).
         sparse_updates: Update only the embedding rows a batch touches (lazy Adam)
@@ -50,6 +55,9 @@ class ModelParams:
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
+    learning_rate_decay: float = 1.0
+    decay_start_epoch: int = 0
+    steps_per_epoch: int = 0
     top_k: int = 10
     eval_block_size: int = constants.NUM_EVAL_NEGATIVES + 1
     sparse_updates: bool = False
@@ -297,11 +305,51 @@ class LazyAdam(keras.optimizers.Adam):
         )
 
 
+@keras.saving.register_keras_serializable(package="ncf")
+class EpochDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning rate that stays put, then shrinks by a factor every epoch.
+
+    Small models on MovieLens peak after a few epochs and then over-fit while the
+    evaluation hit rate jumps by about 0.005 from epoch to epoch; decaying the rate
+    once the model is near its peak settles it there. Epoch `e` trains at
+    ``learning_rate * decay ** max(0, e - start_epoch + 1)``; the epoch is the
+    optimiser step divided by `steps_per_epoch`, so a resumed run continues the
+    schedule where its checkpoint left it.
+    """
+
+    def __init__(self, learning_rate: float, decay: float, start_epoch: int, steps_per_epoch: int):
+        if steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
+        self.learning_rate, self.decay = float(learning_rate), float(decay)
+        self.start_epoch, self.steps_per_epoch = int(start_epoch), int(steps_per_epoch)
+
+    def __call__(self, step):
+        epoch = tf.cast(step // self.steps_per_epoch, tf.float32)
+        decays = tf.maximum(0.0, epoch - self.start_epoch + 1.0)
+        return self.learning_rate * tf.pow(self.decay, decays)
+
+    def get_config(self) -> dict:
+        return {
+            "learning_rate": self.learning_rate,
+            "decay": self.decay,
+            "start_epoch": self.start_epoch,
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+
+
 def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
     """Adam with the reference's hyper-parameters; fp16 adds dynamic loss scaling."""
     adam = LazyAdam if params.sparse_updates else keras.optimizers.Adam
+    learning_rate = params.learning_rate
+    if params.learning_rate_decay != 1.0:
+        learning_rate = EpochDecay(
+            learning_rate,
+            params.learning_rate_decay,
+            params.decay_start_epoch,
+            params.steps_per_epoch,
+        )
     optimizer = adam(
-        learning_rate=params.learning_rate,
+        learning_rate=learning_rate,
         beta_1=params.beta1,
         beta_2=params.beta2,
         epsilon=params.epsilon,

@@ -58,6 +58,9 @@ def test_model_garden_command_line_still_parses():
         (["--min_num_ratings=1"], "must be at least 2"),
         (["--distribution_strategy=tpu"], "needs --tpu"),
         (["--export_onnx"], "--export_onnx needs --export_dir"),
+        (["--learning_rate_decay=0"], r"--learning_rate_decay must be in \(0, 1\]"),
+        (["--learning_rate_decay=1.5"], r"--learning_rate_decay must be in \(0, 1\]"),
+        (["--decay_start_epoch=-1"], "--decay_start_epoch must not be negative"),
     ],
 )
 def test_invalid_flags_are_rejected(args, message):

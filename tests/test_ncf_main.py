@@ -49,6 +49,23 @@ def test_same_seed_same_metrics_on_cpu(tmp_path):
     assert loss[0] == loss[1]
 
 
+def test_learning_rate_decays_by_epoch_across_a_resume(tmp_path):
+    model = dataclasses.replace(
+        _config(tmp_path).model, learning_rate_decay=0.5, decay_start_epoch=1
+    )
+    runner = ncf_main.run(_config(tmp_path, model=model)).runner
+    steps = runner.params.steps_per_epoch
+    assert steps == -(-(12_000 - 300) * 5 // 2048)
+    optimizer = runner.state.optimizer
+    assert int(optimizer.iterations) == 2 * steps
+    # Epochs 0 and 1 trained at 0.01 and 0.005; epoch 2 would train at 0.0025.
+    assert float(optimizer.learning_rate) == pytest.approx(0.0025)
+
+    resumed = ncf_main.run(_config(tmp_path, model=model, train_epochs=3)).runner
+    assert int(resumed.state.optimizer.iterations) == 3 * steps
+    assert float(resumed.state.optimizer.learning_rate) == pytest.approx(0.00125)
+
+
 def test_stops_once_the_threshold_is_reached(tmp_path):
     summary = ncf_main.run(_config(tmp_path, train_epochs=5, hr_threshold=0.0)).summary
     assert summary["epochs"] == 1 and summary["time_to_target_s"] > 0

@@ -196,6 +196,33 @@ def test_lazy_adam_step_matches_the_formula():
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5)
 
 
+def test_epoch_decay_holds_then_shrinks_once_per_epoch():
+    schedule = neumf_model.EpochDecay(0.8, 0.5, start_epoch=2, steps_per_epoch=3)
+    rates = [float(schedule(tf.constant(step, tf.int64))) for step in range(12)]
+    np.testing.assert_allclose(rates, [0.8] * 6 + [0.4] * 3 + [0.2] * 3, rtol=1e-6)
+    with pytest.raises(ValueError, match="steps_per_epoch must be positive, got 0"):
+        neumf_model.EpochDecay(0.8, 0.5, start_epoch=2, steps_per_epoch=0)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_optimizer_steps_at_the_decayed_rate(sparse):
+    params = _params(
+        sparse_updates=sparse, learning_rate_decay=0.1, decay_start_epoch=1, steps_per_epoch=2
+    )
+    optimizer = neumf_model.build_optimizer(params)
+    assert float(optimizer.learning_rate) == pytest.approx(0.001)
+    table = keras.Variable(np.zeros((1, 1), np.float32))
+    optimizer.build([table])
+    optimizer.iterations.assign(2)  # the first step of epoch 1
+    optimizer.apply([tf.constant([[1.0]])], [table])
+    # Adam's update for step 3 (iterations 2) with fresh moments, at rate 0.001 * 0.1.
+    beta1, beta2 = 0.9, 0.999
+    m, v = 1 - beta1, 1 - beta2
+    alpha = 0.0001 * math.sqrt(1 - beta2**3) / (1 - beta1**3)
+    np.testing.assert_allclose(table.numpy(), [[-alpha * m / (math.sqrt(v) + 1e-8)]], rtol=1e-5)
+    assert float(optimizer.learning_rate) == pytest.approx(0.0001)
+
+
 def test_table_side_first_layer_is_the_same_function():
     """The fast path (first MLP layer applied to the tables) equals the direct one."""
     params = _params(num_users=5, num_items=6)  # 11 table rows < 2 x batch of 40
