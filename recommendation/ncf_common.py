@@ -17,7 +17,7 @@ from official.utils.flags import core
 from official.utils.logs.mlperf_helper import MlperfOptions
 from recommendation import constants, movielens, synthetic_data
 from recommendation.data_preprocessing import DataConfig
-from recommendation.neumf_model import ModelParams
+from recommendation.neumf_model import EMBEDDING_INITS, ModelParams
 
 # What `ncf-main --dataset X` uses for flags left unset: the reference's defaults
 # stop at HR@10 0.164 on ML-1M; these were tuned on this project's CPU runs (see
@@ -234,6 +234,14 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "L2 weight of each MLP layer; one value per --layers entry.",
         flag_values=fv,
     )
+    flags.DEFINE_enum(
+        "embedding_init",
+        "glorot_uniform",
+        list(EMBEDDING_INITS),
+        "Embedding-table initialiser: glorot_uniform (the MLPerf reference) or normal "
+        "(N(0, 0.01^2), the NCF paper's code).",
+        flag_values=fv,
+    )
     flags.DEFINE_integer(
         "num_neg", 4, "Negatives sampled per training positive.", short_name="nn", flag_values=fv
     )
@@ -441,6 +449,7 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
         layers=tuple(int(width) for width in fv.layers),
         mf_regularization=fv.mf_regularization,
         mlp_regularization=tuple(float(value) for value in fv.mlp_regularization),
+        embedding_init=fv.embedding_init,
         learning_rate=fv.learning_rate,
         beta1=fv.beta1,
         beta2=fv.beta2,

@@ -32,6 +32,8 @@ class ModelParams:
         mf_regularization: L2 weight on the embedding tables.
         mlp_regularization: L2 weight of each MLP layer (entry 0 is unused, as in the
             reference: layer 0 is the embedding concatenation).
+        embedding_init: ``glorot_uniform`` (the MLPerf reference) or ``normal``
+            (N(0, 0.01^2), the NCF paper's code) for the embedding tables.
         learning_rate, beta1, beta2, epsilon: Adam.
         learning_rate_decay: Factor applied to the learning rate once per epoch from
             epoch `decay_start_epoch` (0-based) on; 1.0 keeps it constant.
@@ -51,6 +53,7 @@ class ModelParams:
     layers: tuple[int, ...] = (64, 32, 16, 8)
     mf_regularization: float = 0.0
     mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    embedding_init: str = "glorot_uniform"
     learning_rate: float = 0.001
     beta1: float = 0.9
     beta2: float = 0.999
@@ -71,6 +74,19 @@ class ModelParams:
                 "mlp_regularization needs one value per layer: "
                 f"{self.layers} vs {self.mlp_regularization}"
             )
+        if self.embedding_init not in EMBEDDING_INITS:
+            raise ValueError(
+                f"embedding_init must be one of {sorted(EMBEDDING_INITS)}, "
+                f"got {self.embedding_init!r}"
+            )
+
+
+# Embedding-table initialisers by name: the MLPerf reference's, and the NCF paper
+# code's (Keras 1 ``normal`` with scale 0.01).
+EMBEDDING_INITS = {
+    "glorot_uniform": lambda: keras.initializers.GlorotUniform(),
+    "normal": lambda: keras.initializers.RandomNormal(stddev=0.01),
+}
 
 
 _POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -103,6 +119,7 @@ class NeuMF(keras.Model):
         layers: MLP widths, ``layers[0]`` even.
         mf_regularization: L2 on the embedding tables.
         mlp_regularization: L2 per MLP layer.
+        embedding_init: A name in `EMBEDDING_INITS`.
 
     Call args:
         inputs: dict with ``user_id`` and ``item_id``, each `(batch,)` int32.
@@ -118,9 +135,11 @@ class NeuMF(keras.Model):
         layers: tuple[int, ...] = (64, 32, 16, 8),
         mf_regularization: float = 0.0,
         mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
+        embedding_init: str = "glorot_uniform",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.embedding_init = embedding_init
         self.num_users, self.num_items, self.mf_dim = num_users, num_items, mf_dim
         self.layer_sizes = tuple(int(width) for width in layers)
         self.mf_regularization = float(mf_regularization)
@@ -148,7 +167,7 @@ class NeuMF(keras.Model):
         return keras.layers.Embedding(
             count,
             width,
-            embeddings_initializer="glorot_uniform",
+            embeddings_initializer=EMBEDDING_INITS[self.embedding_init](),
             embeddings_regularizer=regularizer,
             name=name,
         )
@@ -250,6 +269,7 @@ class NeuMF(keras.Model):
             layers=self.layer_sizes,
             mf_regularization=self.mf_regularization,
             mlp_regularization=self.mlp_regularization,
+            embedding_init=self.embedding_init,
         )
         return config
 
@@ -264,6 +284,7 @@ def build_model(params: ModelParams) -> NeuMF:
         params.layers,
         params.mf_regularization,
         params.mlp_regularization,
+        params.embedding_init,
     )
     model(
         {

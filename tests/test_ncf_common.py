@@ -61,6 +61,7 @@ def test_model_garden_command_line_still_parses():
         (["--learning_rate_decay=0"], r"--learning_rate_decay must be in \(0, 1\]"),
         (["--learning_rate_decay=1.5"], r"--learning_rate_decay must be in \(0, 1\]"),
         (["--decay_start_epoch=-1"], "--decay_start_epoch must not be negative"),
+        (["--embedding_init=zeros"], "value should be one of"),
     ],
 )
 def test_invalid_flags_are_rejected(args, message):

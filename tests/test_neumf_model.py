@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import keras
@@ -104,19 +105,32 @@ def test_network_shape_follows_the_reference():
     assert len(model.losses) == 1  # only mlp_1 has an L2 weight
 
 
+def test_embedding_initialisers():
+    params = _params(num_users=3000, num_items=1000)
+    glorot = neumf_model.build_model(params).user_embedding.embeddings.numpy()
+    limit = math.sqrt(6 / (3000 + 8))  # uniform on +-limit, fans of the whole table
+    assert limit * 0.99 < np.abs(glorot).max() <= limit
+    paper = dataclasses.replace(params, embedding_init="normal")
+    normal = neumf_model.build_model(paper).user_embedding.embeddings.numpy()
+    assert abs(normal.std() - 0.01) < 3e-4 and abs(normal.mean()) < 3e-4
+    with pytest.raises(ValueError, match="embedding_init must be one of"):
+        _params(embedding_init="zeros")
+
+
 def test_gmf_block_rejects_mismatched_widths():
     with pytest.raises(ValueError, match="user and item widths differ"):
         neumf_model.GmfBlock()(tf.zeros([2, 3]), tf.zeros([2, 4]))
 
 
 def test_model_serialization_round_trip(tmp_path):
-    model = neumf_model.build_model(_params())
+    model = neumf_model.build_model(_params(embedding_init="normal"))
     features = _features([0, 3, 6], [1, 10, 5])
     path = str(tmp_path / "neumf.keras")
     model.save(path)
     restored = keras.saving.load_model(path)
     np.testing.assert_allclose(restored(features), model(features), rtol=1e-6)
     assert restored.layer_sizes == (8, 6, 4) and restored.mf_dim == 4
+    assert restored.embedding_init == "normal"
 
 
 def test_padding_never_reaches_the_loss():

@@ -172,7 +172,7 @@ class OnlineNeuMF(neumf_model.NeuMF):
 
     def get_config(self) -> dict:
         config = super().get_config()
-        for key in ("num_users", "num_items", "mf_regularization"):
+        for key in ("num_users", "num_items", "mf_regularization", "embedding_init"):
             config.pop(key)
         config.update(
             user_capacity=self.num_users,
