@@ -275,6 +275,7 @@ def paper(args, work: str) -> None:
                     f"--learning_rate_decay={args.paper_learning_rate_decay}",
                     f"--decay_start_epoch={args.paper_decay_start_epoch}",
                     f"--embedding_init={args.paper_embedding_init}",
+                    f"--num_neg={args.paper_num_neg}",
                     "--batches_per_step=32",
                     "--enable_xla",
                     f"--seed={seed}",
@@ -297,7 +298,7 @@ def paper(args, work: str) -> None:
             )
     print(
         f"tower {args.paper_tower}, {args.paper_embedding_init} embeddings, "
-        f"batch {args.paper_batch_size}, "
+        f"{args.paper_num_neg} negatives, batch {args.paper_batch_size}, "
         f"lr {args.paper_learning_rate} x {args.paper_learning_rate_decay} per epoch from epoch "
         f"{args.paper_decay_start_epoch}, {args.paper_epochs} epochs; best epoch of each run"
     )
@@ -348,6 +349,9 @@ def main() -> None:
         choices=["code", "text"],
         default="code",
         help="MLP tower: the paper's code (4 layers, 8x factors wide) or its text (3 layers, 4x)",
+    )
+    parser.add_argument(
+        "--paper_num_neg", type=int, default=4, help="training negatives per positive"
     )
     parser.add_argument(
         "--paper_embedding_init",
