@@ -258,6 +258,13 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_float("beta2", 0.999, "Adam beta2.", flag_values=fv)
     flags.DEFINE_float("epsilon", 1e-8, "Adam epsilon.", flag_values=fv)
     flags.DEFINE_float(
+        "weight_decay",
+        0.0,
+        "Decoupled weight decay (AdamW): each step shrinks every weight by "
+        "weight_decay x learning rate of itself. Needs dense embedding updates.",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
         "learning_rate_decay",
         1.0,
         "Multiply the learning rate by this once per epoch from --decay_start_epoch on "
@@ -331,6 +338,14 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         core.require_positive(name, flag_values=fv)
     core.require_non_negative("mf_regularization", flag_values=fv)
     core.require_non_negative("decay_start_epoch", flag_values=fv)
+    core.require_non_negative("weight_decay", flag_values=fv)
+    flags.register_multi_flags_validator(
+        ["weight_decay", "sparse_embedding_updates"],
+        lambda values: not (values["weight_decay"] and values["sparse_embedding_updates"]),
+        message="--weight_decay shrinks every embedding row each step: it needs dense "
+        "updates (drop --sparse_embedding_updates)",
+        flag_values=fv,
+    )
     flags.register_validator(
         "learning_rate_decay",
         lambda value: 0.0 < value <= 1.0,
@@ -454,6 +469,7 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
         beta1=fv.beta1,
         beta2=fv.beta2,
         epsilon=fv.epsilon,
+        weight_decay=fv.weight_decay,
         learning_rate_decay=fv.learning_rate_decay,
         decay_start_epoch=fv.decay_start_epoch,
         top_k=fv.top_k,

@@ -35,6 +35,8 @@ class ModelParams:
         embedding_init: ``glorot_uniform`` (the MLPerf reference) or ``normal``
             (N(0, 0.01^2), the NCF paper's code) for the embedding tables.
         learning_rate, beta1, beta2, epsilon: Adam.
+        weight_decay: Decoupled weight decay (AdamW): every step shrinks each weight
+            by ``weight_decay * learning_rate`` of itself; 0 turns it off.
         learning_rate_decay: Factor applied to the learning rate once per epoch from
             epoch `decay_start_epoch` (0-based) on; 1.0 keeps it constant.
         decay_start_epoch: First epoch trained at the decayed rate.
@@ -58,6 +60,7 @@ class ModelParams:
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
+    weight_decay: float = 0.0
     learning_rate_decay: float = 1.0
     decay_start_epoch: int = 0
     steps_per_epoch: int = 0
@@ -73,6 +76,11 @@ class ModelParams:
             raise ValueError(
                 "mlp_regularization needs one value per layer: "
                 f"{self.layers} vs {self.mlp_regularization}"
+            )
+        if self.weight_decay and self.sparse_updates:
+            raise ValueError(
+                "weight decay shrinks every embedding row each step, which sparse "
+                "updates exist to avoid: use dense updates or no weight decay"
             )
         if self.embedding_init not in EMBEDDING_INITS:
             raise ValueError(
@@ -359,7 +367,8 @@ class EpochDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
-    """Adam with the reference's hyper-parameters; fp16 adds dynamic loss scaling."""
+    """Adam with the reference's hyper-parameters (AdamW with `weight_decay`); fp16 adds
+    dynamic loss scaling."""
     adam = LazyAdam if params.sparse_updates else keras.optimizers.Adam
     learning_rate = params.learning_rate
     if params.learning_rate_decay != 1.0:
@@ -374,6 +383,7 @@ def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
         beta_1=params.beta1,
         beta_2=params.beta2,
         epsilon=params.epsilon,
+        weight_decay=params.weight_decay or None,
     )
     if params.dtype == "fp16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

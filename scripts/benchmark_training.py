@@ -276,6 +276,7 @@ def paper(args, work: str) -> None:
                     f"--decay_start_epoch={args.paper_decay_start_epoch}",
                     f"--embedding_init={args.paper_embedding_init}",
                     f"--num_neg={args.paper_num_neg}",
+                    f"--weight_decay={args.paper_weight_decay}",
                     "--batches_per_step=32",
                     "--enable_xla",
                     f"--seed={seed}",
@@ -299,6 +300,7 @@ def paper(args, work: str) -> None:
     print(
         f"tower {args.paper_tower}, {args.paper_embedding_init} embeddings, "
         f"{args.paper_num_neg} negatives, batch {args.paper_batch_size}, "
+        f"weight decay {args.paper_weight_decay}, "
         f"lr {args.paper_learning_rate} x {args.paper_learning_rate_decay} per epoch from epoch "
         f"{args.paper_decay_start_epoch}, {args.paper_epochs} epochs; best epoch of each run"
     )
@@ -349,6 +351,9 @@ def main() -> None:
         choices=["code", "text"],
         default="code",
         help="MLP tower: the paper's code (4 layers, 8x factors wide) or its text (3 layers, 4x)",
+    )
+    parser.add_argument(
+        "--paper_weight_decay", type=float, default=0.0, help="decoupled (AdamW) weight decay"
     )
     parser.add_argument(
         "--paper_num_neg", type=int, default=4, help="training negatives per positive"

@@ -62,6 +62,11 @@ def test_model_garden_command_line_still_parses():
         (["--learning_rate_decay=1.5"], r"--learning_rate_decay must be in \(0, 1\]"),
         (["--decay_start_epoch=-1"], "--decay_start_epoch must not be negative"),
         (["--embedding_init=zeros"], "value should be one of"),
+        (["--weight_decay=-0.1"], "--weight_decay must not be negative"),
+        (
+            ["--weight_decay=0.1", "--sparse_embedding_updates"],
+            "--weight_decay shrinks every embedding row each step: it needs dense updates",
+        ),
     ],
 )
 def test_invalid_flags_are_rejected(args, message):

@@ -237,6 +237,16 @@ def test_optimizer_steps_at_the_decayed_rate(sparse):
     assert float(optimizer.learning_rate) == pytest.approx(0.0001)
 
 
+def test_weight_decay_shrinks_weights_by_rate_times_learning_rate():
+    optimizer = neumf_model.build_optimizer(_params(weight_decay=0.5))
+    table = keras.Variable(np.full((2, 2), 3.0, np.float32))
+    optimizer.build([table])
+    optimizer.apply([tf.zeros([2, 2])], [table])  # a zero gradient: Adam itself moves nothing
+    np.testing.assert_allclose(table.numpy(), 3.0 * (1 - 0.5 * 0.001), rtol=1e-6)
+    with pytest.raises(ValueError, match="weight decay shrinks every embedding row"):
+        _params(weight_decay=0.5, sparse_updates=True)
+
+
 def test_table_side_first_layer_is_the_same_function():
     """The fast path (first MLP layer applied to the tables) equals the direct one."""
     params = _params(num_users=5, num_items=6)  # 11 table rows < 2 x batch of 40
