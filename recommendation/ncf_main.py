@@ -191,7 +191,7 @@ def _train_and_evaluate(
     first_epoch = int(runner.completed_epochs.numpy())
     cycles = _cycles(first_epoch, config.train_epochs, config.epochs_between_evals)
     params = _generation_params(config, data, runner, cycles, first_epoch, mlperf)
-    _log_hparams(mlperf, config, data, params)
+    _log_hparams(mlperf, config, runner.params, data, params)
     writer = tf.summary.create_file_writer(config.model_dir) if runner.is_chief else None
     best = {"hr": 0.0, "ndcg": 0.0, "epoch": first_epoch}
     summary = {
@@ -291,11 +291,21 @@ def _generation_params(
 
 
 def _log_hparams(
-    mlperf: MlperfLogger, config: NcfConfig, data: PreprocessedData, params: GenerationParams
+    mlperf: MlperfLogger,
+    config: NcfConfig,
+    model: neumf_model.ModelParams,
+    data: PreprocessedData,
+    params: GenerationParams,
 ) -> None:
     """The run's hyper-parameters and data sizes, once, as MLPerf NCF reported them."""
-    model = config.model
     block = params.num_eval_negatives + 1
+    # Beyond the reference (logged only when used, so reference runs log what it did).
+    extras: dict[str, object] = {}
+    if model.weight_decay:
+        extras["opt_adamw_weight_decay"] = model.weight_decay
+    if model.learning_rate_decay != 1.0:
+        extras["opt_lr_decay_factor"] = model.learning_rate_decay
+        extras["opt_lr_decay_start_step"] = model.decay_start_epoch * model.steps_per_epoch
     for key, value in {
         "global_batch_size": config.batch_size,
         "opt_name": "lazy_adam" if model.sparse_updates else "adam",
@@ -314,6 +324,7 @@ def _log_hparams(
         "eval_samples": data.num_users,
         "eval_size": data.num_users * block,
         "eval_target": config.hr_threshold,
+        **extras,
     }.items():
         mlperf.event(key, value)
 

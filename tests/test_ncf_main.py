@@ -10,6 +10,8 @@ import os
 import pytest
 from conftest import TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
 
+from official.utils.logs import mlperf_helper
+from official.utils.logs.mlperf_helper import MlperfOptions
 from recommendation import ncf_main
 from recommendation.ncf_common import NcfConfig
 
@@ -51,11 +53,16 @@ def test_same_seed_same_metrics_on_cpu(tmp_path):
 
 def test_learning_rate_decays_by_epoch_across_a_resume(tmp_path):
     model = dataclasses.replace(
-        _config(tmp_path).model, learning_rate_decay=0.5, decay_start_epoch=1
+        _config(tmp_path).model, learning_rate_decay=0.5, decay_start_epoch=1, weight_decay=0.01
     )
-    runner = ncf_main.run(_config(tmp_path, model=model)).runner
+    log = str(tmp_path / "mlperf.log")
+    mlperf = MlperfOptions(log, division="open", clear_caches=False)
+    runner = ncf_main.run(_config(tmp_path, model=model, mlperf=mlperf)).runner
     steps = runner.params.steps_per_epoch
     assert steps == -(-(12_000 - 300) * 5 // 2048)
+    logged = {record.key: record.value for record in mlperf_helper.read_log(log)}
+    assert logged["opt_lr_decay_factor"] == 0.5 and logged["opt_adamw_weight_decay"] == 0.01
+    assert logged["opt_lr_decay_start_step"] == steps
     optimizer = runner.state.optimizer
     assert int(optimizer.iterations) == 2 * steps
     # Epochs 0 and 1 trained at 0.01 and 0.005; epoch 2 would train at 0.0025.
