@@ -338,9 +338,9 @@ class LazyAdam(keras.optimizers.Adam):
 class EpochDecay(keras.optimizers.schedules.LearningRateSchedule):
     """A learning rate that stays put, then shrinks by a factor every epoch.
 
-    Small models on MovieLens peak after a few epochs and then over-fit while the
-    evaluation hit rate jumps by about 0.005 from epoch to epoch; decaying the rate
-    once the model is near its peak settles it there. Epoch `e` trains at
+    Small models on MovieLens peak after a few epochs and then over-fit; decaying the
+    rate from there holds the hit rate near the level it had reached instead (on the
+    NCF paper split it does not raise the peak: docs/benchmarks.md). Epoch `e` trains at
     ``learning_rate * decay ** max(0, e - start_epoch + 1)``; the epoch is the
     optimiser step divided by `steps_per_epoch`, so a resumed run continues the
     schedule where its checkpoint left it.
