@@ -334,8 +334,7 @@ class LazyAdam(keras.optimizers.Adam):
         )
 
 
-@keras.saving.register_keras_serializable(package="ncf")
-class EpochDecay(keras.optimizers.schedules.LearningRateSchedule):
+class EpochDecay:
     """A learning rate that stays put, then shrinks by a factor every epoch.
 
     Small models on MovieLens peak after a few epochs and then over-fit; decaying the
@@ -352,34 +351,34 @@ class EpochDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.learning_rate, self.decay = float(learning_rate), float(decay)
         self.start_epoch, self.steps_per_epoch = int(start_epoch), int(steps_per_epoch)
 
-    def __call__(self, step):
+    def __call__(self, step) -> tf.Tensor:
         epoch = tf.cast(step // self.steps_per_epoch, tf.float32)
         decays = tf.maximum(0.0, epoch - self.start_epoch + 1.0)
         return self.learning_rate * tf.pow(self.decay, decays)
 
-    def get_config(self) -> dict:
-        return {
-            "learning_rate": self.learning_rate,
-            "decay": self.decay,
-            "start_epoch": self.start_epoch,
-            "steps_per_epoch": self.steps_per_epoch,
-        }
+
+def set_learning_rate(optimizer: keras.optimizers.Optimizer, params: ModelParams) -> None:
+    """Sets the rate of the coming step: `params`' rate, decayed by `EpochDecay`.
+
+    The rate stays the optimiser's variable rather than becoming a Keras schedule, so
+    checkpoints hold the same variables with or without decay; setting it every step
+    makes the flags, not the restored variable, decide the rate of a resumed run.
+    """
+    rate = params.learning_rate
+    if params.learning_rate_decay != 1.0:
+        schedule = EpochDecay(
+            rate, params.learning_rate_decay, params.decay_start_epoch, params.steps_per_epoch
+        )
+        rate = schedule(optimizer.iterations)
+    optimizer.learning_rate.assign(rate)
 
 
 def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
     """Adam with the reference's hyper-parameters (AdamW with `weight_decay`); fp16 adds
     dynamic loss scaling."""
     adam = LazyAdam if params.sparse_updates else keras.optimizers.Adam
-    learning_rate = params.learning_rate
-    if params.learning_rate_decay != 1.0:
-        learning_rate = EpochDecay(
-            learning_rate,
-            params.learning_rate_decay,
-            params.decay_start_epoch,
-            params.steps_per_epoch,
-        )
     optimizer = adam(
-        learning_rate=learning_rate,
+        learning_rate=params.learning_rate,
         beta_1=params.beta1,
         beta_2=params.beta2,
         epsilon=params.epsilon,
@@ -485,6 +484,7 @@ def _train_spec(features, labels, params: ModelParams, state: ModelState) -> Mod
         gradients = [
             tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
         ]
+    set_learning_rate(optimizer, params)
     train_op = optimizer.apply(gradients, variables)
     return ModelSpec(
         Mode.TRAIN,

@@ -51,26 +51,26 @@ def test_same_seed_same_metrics_on_cpu(tmp_path):
     assert loss[0] == loss[1]
 
 
-def test_learning_rate_decays_by_epoch_across_a_resume(tmp_path):
+def test_learning_rate_decay_resumes_a_constant_rate_run(tmp_path):
+    # A checkpoint without decay, at another rate: the resumed run's flags decide.
+    first = _config(tmp_path, train_epochs=1)
+    fast = dataclasses.replace(first.model, learning_rate=0.1)
+    ncf_main.run(dataclasses.replace(first, model=fast))
     model = dataclasses.replace(
         _config(tmp_path).model, learning_rate_decay=0.5, decay_start_epoch=1, weight_decay=0.01
     )
     log = str(tmp_path / "mlperf.log")
     mlperf = MlperfOptions(log, division="open", clear_caches=False)
-    runner = ncf_main.run(_config(tmp_path, model=model, mlperf=mlperf)).runner
+    runner = ncf_main.run(_config(tmp_path, model=model, mlperf=mlperf, train_epochs=3)).runner
     steps = runner.params.steps_per_epoch
     assert steps == -(-(12_000 - 300) * 5 // 2048)
+    optimizer = runner.state.optimizer
+    assert int(optimizer.iterations) == 3 * steps
+    # Epochs 0, 1 and 2 trained at 0.01, 0.005 and 0.0025 (the rate of the last step).
+    assert float(optimizer.learning_rate) == pytest.approx(0.0025)
     logged = {record.key: record.value for record in mlperf_helper.read_log(log)}
     assert logged["opt_lr_decay_factor"] == 0.5 and logged["opt_adamw_weight_decay"] == 0.01
     assert logged["opt_lr_decay_start_step"] == steps
-    optimizer = runner.state.optimizer
-    assert int(optimizer.iterations) == 2 * steps
-    # Epochs 0 and 1 trained at 0.01 and 0.005; epoch 2 would train at 0.0025.
-    assert float(optimizer.learning_rate) == pytest.approx(0.0025)
-
-    resumed = ncf_main.run(_config(tmp_path, model=model, train_epochs=3)).runner
-    assert int(resumed.state.optimizer.iterations) == 3 * steps
-    assert float(resumed.state.optimizer.learning_rate) == pytest.approx(0.00125)
 
 
 def test_stops_once_the_threshold_is_reached(tmp_path):

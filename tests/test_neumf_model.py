@@ -224,10 +224,13 @@ def test_optimizer_steps_at_the_decayed_rate(sparse):
         sparse_updates=sparse, learning_rate_decay=0.1, decay_start_epoch=1, steps_per_epoch=2
     )
     optimizer = neumf_model.build_optimizer(params)
-    assert float(optimizer.learning_rate) == pytest.approx(0.001)
     table = keras.Variable(np.zeros((1, 1), np.float32))
     optimizer.build([table])
+    optimizer.iterations.assign(1)  # the last step of epoch 0
+    neumf_model.set_learning_rate(optimizer, params)
+    assert float(optimizer.learning_rate) == pytest.approx(0.001)
     optimizer.iterations.assign(2)  # the first step of epoch 1
+    neumf_model.set_learning_rate(optimizer, params)
     optimizer.apply([tf.constant([[1.0]])], [table])
     # Adam's update for step 3 (iterations 2) with fresh moments, at rate 0.001 * 0.1.
     beta1, beta2 = 0.9, 0.999
