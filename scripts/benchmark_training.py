@@ -241,9 +241,11 @@ def paper_layers(factors: int, tower: str) -> str:
 
     ``code``: the paper's code (NeuMF default ``[64,32,16,8]`` at 8): four layers,
     the first 8x factors wide. ``text``: the paper's text ("factors 8: layers 32 -> 16
-    -> 8, embedding 16"): three layers, the first 4x factors wide.
+    -> 8, embedding 16"): three layers, the first 4x factors wide. ``deep``: the code's
+    tower with one more halving layer in front (the paper's Table 3 goes to four hidden
+    layers): five layers, the first 16x factors wide.
     """
-    depth = 4 if tower == "code" else 3
+    depth = {"text": 3, "code": 4, "deep": 5}[tower]
     return ",".join(str(factors * 2 ** (depth - 1 - i)) for i in range(depth))
 
 
@@ -348,9 +350,10 @@ def main() -> None:
     parser.add_argument("--paper_decay_start_epoch", type=int, default=0)
     parser.add_argument(
         "--paper_tower",
-        choices=["code", "text"],
+        choices=["code", "text", "deep"],
         default="code",
-        help="MLP tower: the paper's code (4 layers, 8x factors wide) or its text (3 layers, 4x)",
+        help="MLP tower: the paper's code (4 layers, 8x factors wide), its text (3 layers, "
+        "4x) or one layer deeper than the code (5 layers, 16x)",
     )
     parser.add_argument(
         "--paper_weight_decay", type=float, default=0.0, help="decoupled (AdamW) weight decay"
