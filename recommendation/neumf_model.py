@@ -334,31 +334,25 @@ class LazyAdam(keras.optimizers.Adam):
         )
 
 
-class EpochDecay:
-    """A learning rate that stays put, then shrinks by a factor every epoch.
+def decayed_learning_rate(params: ModelParams, step) -> tf.Tensor:
+    """The rate of optimiser step `step`: constant, then shrinking once per epoch.
 
     Small models on MovieLens peak after a few epochs and then over-fit; decaying the
     rate from there holds the hit rate near the level it had reached instead (on the
     NCF paper split it does not raise the peak: docs/benchmarks.md). Epoch `e` trains at
-    ``learning_rate * decay ** max(0, e - start_epoch + 1)``; the epoch is the
-    optimiser step divided by `steps_per_epoch`, so a resumed run continues the
-    schedule where its checkpoint left it.
+    ``learning_rate * learning_rate_decay ** max(0, e - decay_start_epoch + 1)``; the
+    epoch is the step divided by `steps_per_epoch`, so a resumed run continues the
+    decay where its checkpoint left it.
     """
-
-    def __init__(self, learning_rate: float, decay: float, start_epoch: int, steps_per_epoch: int):
-        if steps_per_epoch < 1:
-            raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-        self.learning_rate, self.decay = float(learning_rate), float(decay)
-        self.start_epoch, self.steps_per_epoch = int(start_epoch), int(steps_per_epoch)
-
-    def __call__(self, step) -> tf.Tensor:
-        epoch = tf.cast(step // self.steps_per_epoch, tf.float32)
-        decays = tf.maximum(0.0, epoch - self.start_epoch + 1.0)
-        return self.learning_rate * tf.pow(self.decay, decays)
+    if params.steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be positive, got {params.steps_per_epoch}")
+    epoch = tf.cast(step // params.steps_per_epoch, tf.float32)
+    decays = tf.maximum(0.0, epoch - params.decay_start_epoch + 1.0)
+    return params.learning_rate * tf.pow(float(params.learning_rate_decay), decays)
 
 
 def set_learning_rate(optimizer: keras.optimizers.Optimizer, params: ModelParams) -> None:
-    """Sets the rate of the coming step: `params`' rate, decayed by `EpochDecay`.
+    """Sets the rate of the coming step: `params`' rate, decayed when it asks for decay.
 
     The rate stays the optimiser's variable rather than becoming a Keras schedule, so
     checkpoints hold the same variables with or without decay; setting it every step
@@ -366,10 +360,7 @@ def set_learning_rate(optimizer: keras.optimizers.Optimizer, params: ModelParams
     """
     rate = params.learning_rate
     if params.learning_rate_decay != 1.0:
-        schedule = EpochDecay(
-            rate, params.learning_rate_decay, params.decay_start_epoch, params.steps_per_epoch
-        )
-        rate = schedule(optimizer.iterations)
+        rate = decayed_learning_rate(params, optimizer.iterations)
     optimizer.learning_rate.assign(rate)
 
 

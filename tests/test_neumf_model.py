@@ -211,11 +211,18 @@ def test_lazy_adam_step_matches_the_formula():
 
 
 def test_epoch_decay_holds_then_shrinks_once_per_epoch():
-    schedule = neumf_model.EpochDecay(0.8, 0.5, start_epoch=2, steps_per_epoch=3)
-    rates = [float(schedule(tf.constant(step, tf.int64))) for step in range(12)]
+    params = _params(
+        learning_rate=0.8, learning_rate_decay=0.5, decay_start_epoch=2, steps_per_epoch=3
+    )
+    rates = [
+        float(neumf_model.decayed_learning_rate(params, tf.constant(step, tf.int64)))
+        for step in range(12)
+    ]
     np.testing.assert_allclose(rates, [0.8] * 6 + [0.4] * 3 + [0.2] * 3, rtol=1e-6)
     with pytest.raises(ValueError, match="steps_per_epoch must be positive, got 0"):
-        neumf_model.EpochDecay(0.8, 0.5, start_epoch=2, steps_per_epoch=0)
+        neumf_model.decayed_learning_rate(
+            dataclasses.replace(params, steps_per_epoch=0), tf.constant(0, tf.int64)
+        )
 
 
 @pytest.mark.parametrize("sparse", [False, True])
