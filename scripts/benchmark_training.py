@@ -236,6 +236,9 @@ def time_to_target(args, work: str) -> None:
         print(f"ours / fastest peer wall time: {ours_seconds / fastest:.2f} (target <= 0.33)")
 
 
+PAPER_TOWER_DEPTHS = {"text": 3, "code": 4, "deep": 5}  # entries of --layers
+
+
 def paper_layers(factors: int, tower: str) -> str:
     """The MLP tower of the paper's NeuMF for `factors` predictive factors.
 
@@ -245,7 +248,7 @@ def paper_layers(factors: int, tower: str) -> str:
     tower with one more halving layer in front (the paper's Table 3 goes to four hidden
     layers): five layers, the first 16x factors wide.
     """
-    depth = {"text": 3, "code": 4, "deep": 5}[tower]
+    depth = PAPER_TOWER_DEPTHS[tower]
     return ",".join(str(factors * 2 ** (depth - 1 - i)) for i in range(depth))
 
 
@@ -350,7 +353,7 @@ def main() -> None:
     parser.add_argument("--paper_decay_start_epoch", type=int, default=0)
     parser.add_argument(
         "--paper_tower",
-        choices=["code", "text", "deep"],
+        choices=list(PAPER_TOWER_DEPTHS),
         default="code",
         help="MLP tower: the paper's code (4 layers, 8x factors wide), its text (3 layers, "
         "4x) or one layer deeper than the code (5 layers, 16x)",
