@@ -431,11 +431,9 @@ class Producer:
         write_json_atomically(
             os.path.join(folder, constants.READY_FILE),
             {
-                "cycle": cycle,
                 "epochs": epochs,
                 "batches_per_epoch": batches_per_epoch,
                 "batch_size": params.batch_size,
-                "points_per_epoch": data.num_train_positives * (1 + params.num_neg),
                 "num_shards": params.num_shards,
             },
         )

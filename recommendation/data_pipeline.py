@@ -222,7 +222,6 @@ class DataProducer:
         ready = self._wait_for_file(
             os.path.join(folder, constants.READY_FILE), f"training cycle {index}"
         )
-        del ready["points_per_epoch"], ready["cycle"]
         return CycleInfo(index=index, folder=folder, **ready)
 
     def release(self, index: int) -> None:
