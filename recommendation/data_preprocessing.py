@@ -23,6 +23,7 @@ source files, the parameters or the format change, when it is older than
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -31,6 +32,7 @@ import os
 import time
 import uuid
 import zipfile
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -409,29 +411,39 @@ def read_cache(path: str) -> PreprocessedData:
 
     For processes (the data producer) handed a cache the trainer just validated.
     """
-    return _load_npz(path)[1]
+    with _open_npz(path) as contents:
+        return _arrays(contents)
 
 
-def _load_npz(path: str) -> tuple[dict, PreprocessedData]:
-    with tf.io.gfile.GFile(path, "rb") as stream:
-        contents = np.load(io.BytesIO(stream.read()), allow_pickle=False)
-    metadata = json.loads(str(contents["metadata"]))
-    data = PreprocessedData(**{key: contents[key] for key in _ARRAY_KEYS if key in contents})
-    return metadata, data
+@contextlib.contextmanager
+def _open_npz(path: str) -> Iterator[np.lib.npyio.NpzFile]:
+    """Opens the archive without reading it: each member is read when first asked for."""
+    with tf.io.gfile.GFile(path, "rb") as stream, np.load(stream, allow_pickle=False) as contents:
+        yield contents
+
+
+def _arrays(contents: np.lib.npyio.NpzFile) -> PreprocessedData:
+    return PreprocessedData(**{key: contents[key] for key in _ARRAY_KEYS if key in contents})
 
 
 def _read_cache(path: str, config: DataConfig) -> tuple[PreprocessedData | None, str]:
-    """Returns (data, "") for a valid cache, else (None, why it must be rebuilt)."""
+    """Returns (data, "") for a valid cache, else (None, why it must be rebuilt).
+
+    The metadata member decides staleness before any array is read, so a stale cache
+    of a large dataset costs a few bytes, not the whole archive.
+    """
     if not tf.io.gfile.exists(path):
         return None, "no cache yet"
     try:
-        metadata, data = _load_npz(path)
+        with _open_npz(path) as contents:
+            metadata = json.loads(str(contents["metadata"]))
+            reason = _stale_reason(metadata, config)
+            if reason:
+                return None, reason
+            data = _arrays(contents)
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as error:
         logging.warning("Preprocessing cache %s is corrupt (%s); rebuilding it", path, error)
         return None, "cache was corrupt"
-    reason = _stale_reason(metadata, config)
-    if reason:
-        return None, reason
     if metadata["statistics"]["num_train_positives"] != data.num_train_positives:
         logging.warning("Preprocessing cache %s does not match its metadata; rebuilding", path)
         return None, "cache was corrupt"

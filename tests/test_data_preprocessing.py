@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import zipfile
 
 import numpy as np
 import pandas as pd
@@ -173,6 +174,21 @@ def test_corrupt_cache_is_rebuilt_with_a_warning(tiny_ml1m, caplog):
     assert "is corrupt" in caplog.text
     _assert_same_data(built.data, result.data)
     assert data_preprocessing.load_or_build(_config(tiny_ml1m)).from_cache
+
+
+_BROKEN_ARRAY = b"\x93NUMPY\x01\x00" + b"a header numpy cannot parse"
+
+
+def test_a_stale_cache_is_judged_by_its_metadata_alone(tiny_ml1m):
+    """Only the metadata member is read first: garbage arrays in a stale cache go unread."""
+    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    with zipfile.ZipFile(built.cache_path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(built.cache_path, "w") as archive:
+        for name, contents in members.items():
+            archive.writestr(name, contents if name == "metadata.npy" else _BROKEN_ARRAY)
+    stale = data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True))
+    assert stale.reason == "parameters changed"
 
 
 def test_bad_source_writes_no_cache(tmp_path):
