@@ -334,7 +334,7 @@ class LazyAdam(keras.optimizers.Adam):
         )
 
 
-def decayed_learning_rate(params: ModelParams, step) -> tf.Tensor:
+def decayed_learning_rate(params: ModelParams, step: tf.Tensor) -> tf.Tensor:
     """The rate of optimiser step `step`: constant, then shrinking once per epoch.
 
     Small models on MovieLens peak after a few epochs and then over-fit; decaying the
