@@ -29,6 +29,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -277,8 +279,16 @@ def shard_name(shard: int) -> str:
     return f"shard_{shard:03d}.tfrecord"
 
 
+class ShardWriter(Protocol):
+    """What a shard file is written through (`tf.io.TFRecordWriter`'s interface)."""
+
+    def write(self, record: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def write_shards(
-    writers: list,
+    writers: list[ShardWriter],
     make_batch,
     num_batches: int,
     pool: concurrent.futures.Executor,
@@ -299,12 +309,17 @@ def write_shards(
     list(pool.map(write_shard, range(num_shards)))
 
 
-def open_writers(folder: str, num_shards: int) -> list:
+def open_writers(
+    folder: str,
+    num_shards: int,
+    open_writer: Callable[[str], ShardWriter] = tf.io.TFRecordWriter,
+) -> list[ShardWriter]:
+    """Creates `folder` and opens its `num_shards` shard files with `open_writer`."""
     tf.io.gfile.makedirs(folder)
-    return [tf.io.TFRecordWriter(os.path.join(folder, shard_name(s))) for s in range(num_shards)]
+    return [open_writer(os.path.join(folder, shard_name(s))) for s in range(num_shards)]
 
 
-def close_writers(writers: list) -> None:
+def close_writers(writers: list[ShardWriter]) -> None:
     for writer in writers:
         writer.close()
 
@@ -321,6 +336,8 @@ class Producer:
         params: What to generate.
         should_stop: Called between pieces of work; True ends the run.
         mlperf: Where its MLPerf compliance events go (merged by the trainer).
+        open_writer: Opens one shard file (`tf.io.TFRecordWriter`); a wrapper sees
+            each shard close before the folder's ready file is written.
     """
 
     def __init__(
@@ -329,11 +346,13 @@ class Producer:
         params: GenerationParams,
         should_stop,
         mlperf: mlperf_helper.MlperfLogger,
+        open_writer: Callable[[str], ShardWriter] = tf.io.TFRecordWriter,
     ) -> None:
         self.run_dir = run_dir
         self.params = params
         self.should_stop = should_stop
         self.mlperf = mlperf
+        self.open_writer = open_writer
 
     def run(self) -> None:
         params = self.params
@@ -364,7 +383,7 @@ class Producer:
         self.mlperf.event("preproc_hp_sample_eval_replacement", data.eval_negatives is None)
         folder = os.path.join(self.run_dir, constants.EVAL_FOLDER)
         num_batches = -(-len(blocks.users) // params.eval_users_per_batch)
-        writers = open_writers(folder, params.num_shards)
+        writers = open_writers(folder, params.num_shards, self.open_writer)
         write_shards(
             writers,
             lambda b: eval_batch(blocks, b, params.eval_users_per_batch),
@@ -407,7 +426,7 @@ class Producer:
         params = self.params
         folder = cycle_folder(self.run_dir, cycle)
         start = time.monotonic()
-        writers = open_writers(folder, params.num_shards)
+        writers = open_writers(folder, params.num_shards, self.open_writer)
         batches_per_epoch = 0
         for offset in range(epochs):
             if self.should_stop():

@@ -8,15 +8,15 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from official.utils.logs import mlperf_helper
 from recommendation import constants, data_pipeline, data_preprocessing, synthetic_data
-from recommendation.data_async_generation import GenerationParams
+from recommendation.data_async_generation import GenerationParams, Producer
 from recommendation.data_pipeline import DataProducer, ProducerError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,39 +124,66 @@ def test_same_seed_gives_identical_bytes_whatever_the_worker_count(cache_path, t
         assert _all_bytes(other, 2) != runs[0]
 
 
-def test_a_ready_file_always_means_a_complete_folder(cache_path, tmp_path):
-    """A watcher polls as fast as it can; whenever it sees READY, every batch is there."""
-    params = _params(cache_path, epochs_per_cycle=(1, 1, 1, 1), cycles_to_buffer=4, batch_size=256)
+class _PublishWatch:
+    """Opens shard writers that, when a folder's last shard closes, note what a reader
+    would see then: whether the folder's ready file exists yet, and how many records its
+    shards hold. The producer waits for each close to return before it does anything
+    else, so the note is taken after the last close and before the ready file's rename
+    in every run, whatever the timing (a polling watcher missed a ready file written
+    too early)."""
+
+    def __init__(self, num_shards: int) -> None:
+        self.num_shards = num_shards
+        self.closed: dict[str, int] = {}
+        self.at_last_close: dict[str, tuple[bool, int]] = {}
+
+    def open(self, path: str) -> _WatchedWriter:
+        return _WatchedWriter(path, self)
+
+    def on_close(self, path: str) -> None:
+        folder = os.path.basename(os.path.dirname(path))
+        self.closed[folder] = self.closed.get(folder, 0) + 1
+        if self.closed[folder] == self.num_shards:
+            shards = sorted(glob.glob(os.path.join(os.path.dirname(path), "*.tfrecord")))
+            records = sum(1 for _ in tf.data.TFRecordDataset(shards))
+            ready = os.path.exists(os.path.join(os.path.dirname(path), constants.READY_FILE))
+            self.at_last_close[folder] = (ready, records)
+
+
+class _WatchedWriter:
+    """A `tf.io.TFRecordWriter` that tells its watch when it has closed."""
+
+    def __init__(self, path: str, watch: _PublishWatch) -> None:
+        self._writer = tf.io.TFRecordWriter(path)
+        self._path, self._watch = path, watch
+
+    def write(self, record: bytes) -> None:
+        self._writer.write(record)
+
+    def close(self) -> None:
+        self._writer.close()
+        self._watch.on_close(self._path)
+
+
+def test_a_ready_file_is_written_only_after_every_shard_is_closed(cache_path, tmp_path):
+    """Eval folder and every cycle: no ready file while a shard is open; then one,
+    over complete shards."""
+    params = _params(cache_path, epochs_per_cycle=(1, 2), cycles_to_buffer=2, batch_size=256)
     num_train = data_preprocessing.read_cache(cache_path).num_train_positives
-    expected_batches = -(-num_train * 5 // 256)
-    checked, stop = [], threading.Event()
-
-    def watch(run_dir):
-        while True:
-            last_pass = stop.is_set()
-            for ready in glob.glob(os.path.join(run_dir, "cycle_*", constants.READY_FILE)):
-                folder = os.path.dirname(ready)
-                if folder in checked:
-                    continue
-                records = sum(
-                    1
-                    for _ in tf.data.TFRecordDataset(
-                        sorted(glob.glob(os.path.join(folder, "*.tfrecord")))
-                    )
-                )
-                assert records == expected_batches
-                checked.append(folder)
-            if last_pass:
-                return
-
-    with DataProducer(params, str(tmp_path)) as producer:
-        watcher = threading.Thread(target=watch, args=(producer.run_dir,))
-        watcher.start()
-        for cycle in range(4):
-            producer.cycle(cycle)
-        stop.set()
-        watcher.join()
-    assert len(checked) == 4
+    batches_per_epoch = -(-num_train * 5 // 256)
+    expected = {
+        constants.EVAL_FOLDER: -(-200 // 48),
+        "cycle_00000": batches_per_epoch,
+        "cycle_00001": 2 * batches_per_epoch,
+    }
+    watch = _PublishWatch(params.num_shards)
+    mlperf = mlperf_helper.MlperfLogger(None)
+    Producer(str(tmp_path), params, lambda: False, mlperf, open_writer=watch.open).run()
+    assert watch.closed == dict.fromkeys(expected, params.num_shards)
+    # At the last close (after it, before the rename): complete shards, no ready file.
+    assert watch.at_last_close == {folder: (False, count) for folder, count in expected.items()}
+    for folder in expected:
+        assert os.path.exists(tmp_path / folder / constants.READY_FILE)
 
 
 def test_killed_producer_raises_instead_of_hanging(cache_path, tmp_path):
