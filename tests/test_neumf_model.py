@@ -156,6 +156,52 @@ def test_padding_never_reaches_the_loss():
             variable.assign(value)  # undo the step so both runs start equal
 
 
+def _model_scoring_item_ids(params: ModelParams) -> neumf_model.NeuMF:
+    """NeuMF whose logit for (any user, item i) is exactly i: no hidden MLP layer, and
+    the output weighs only the item's MLP half, which holds the item id."""
+    model = neumf_model.build_model(params)
+    width = params.mf_dim + params.layers[0] // 2
+    items = np.zeros((params.num_items, width), np.float32)
+    items[:, -1] = np.arange(params.num_items)
+    model.item_embedding.embeddings.assign(items)
+    kernel = np.zeros((params.mf_dim + params.layers[0], 1), np.float32)
+    kernel[-1] = 1.0
+    model.logit.kernel.assign(kernel)
+    model.logit.bias.assign([0.0])
+    return model
+
+
+def test_eval_spec_counts_duplicates_once_and_skips_padding_users():
+    """Exact HR@2/NDCG@2 sums from model_fn on one flattened batch of four blocks,
+    held-out item last, scored by item id:
+
+    - user 0, [5, 5, 5, 1 | 4], two repeats of 5 masked: rank 1 (3 without the mask);
+    - user 1, [1, 2, 2, 0 | 3]: rank 0;
+    - user 2, [6, 7, 6, 1 | 2], the second 6 masked: rank 2, a miss;
+    - user 3, padding (item 0, all masked, invalid): would be a hit if counted.
+    """
+    params = _params(
+        num_users=4,
+        num_items=8,
+        mf_dim=1,
+        layers=(2,),
+        mlp_regularization=(0.0,),
+        top_k=2,
+        eval_block_size=5,
+    )
+    model = _model_scoring_item_ids(params)
+    items = [5, 5, 5, 1, 4, 1, 2, 2, 0, 3, 6, 7, 6, 1, 2, 0, 0, 0, 0, 0]
+    duplicates = [0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1, 1]
+    features = _features(np.repeat([0, 1, 2, 3], 5), items, np.repeat([1, 1, 1, 0], 5) == 1)
+    features[constants.DUPLICATE_MASK] = tf.constant(np.array(duplicates) == 1)
+    np.testing.assert_array_equal(model(features)[:, 0], items)  # the scores are as stated
+    spec = neumf_model.model_fn(features, None, Mode.EVAL, params, ModelState(model))
+    metrics = {key: float(value) for key, value in spec.metrics.items()}
+    assert metrics == pytest.approx(
+        {"hits": 2.0, "ndcg": LN2 / math.log(1 + 2) + 1.0, "num_users": 3.0}, abs=1e-6
+    )
+
+
 def test_predict_gives_probabilities():
     params = _params()
     state = ModelState(neumf_model.build_model(params))
