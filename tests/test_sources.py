@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
+import redis
 from absl.testing import parameterized
 
 from recommendation.online import sources
@@ -16,11 +18,15 @@ class ParseEventTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("mapping", {"user": 1, "item": 2, "timestamp": 3}, (1, 2, 3)),
         ("json_text", '{"user": 1, "item": 2, "timestamp": 3}', (1, 2, 3)),
-        ("byte_strings", {"user": b"10", "item": b"-2", "timestamp": b"3"}, (10, -2, 3)),
-        ("large_ids", {"user": 2**40, "item": 2**62, "timestamp": 0}, (2**40, 2**62, 0)),
+        ("byte_strings", {"user": b"10", "item": b" 2 ", "timestamp": b"-3"}, (10, 2, -3)),
+        ("byte_keys", {b"user": b"+4", b"item": b"007", b"timestamp": b"0"}, (4, 7, 0)),
+        ("sequence", (5, 6, 7), (5, 6, 7)),
+        ("numpy_ints", np.array([8, 9, 10], np.int64), (8, 9, 10)),
+        ("largest_ids", {"user": 2**63 - 1, "item": 0, "timestamp": 2**63 - 1}, (2**63 - 1, 0)),
+        ("oldest_timestamp", {"user": 1, "item": 2, "timestamp": -(2**63)}, (1, 2, -(2**63))),
     )
     def test_good(self, record, expected):
-        self.assertEqual(sources.parse_event(record), expected)
+        self.assertEqual(sources.parse_event(record)[: len(expected)], expected)
 
     @parameterized.named_parameters(
         ("bad_json", '{"user": 1, "item": ', "bad JSON"),
@@ -29,10 +35,66 @@ class ParseEventTest(parameterized.TestCase):
         ("text_id", {"user": "alice", "item": 2, "timestamp": 3}, "user must be an integer"),
         ("float_id", {"user": 1, "item": 2.5, "timestamp": 3}, "item must be an integer"),
         ("boolean_id", {"user": True, "item": 2, "timestamp": 3}, "user must be an integer"),
+        ("none_id", {"user": None, "item": 2, "timestamp": 3}, "user must be an integer"),
+        (
+            "overflowing_text",
+            {"user": b"99999999999999999999999", "item": 1, "timestamp": 1},
+            "user 99999999999999999999999 is outside",
+        ),
+        (
+            "overflowing_json",
+            '{"user": 1, "item": 18446744073709551616, "timestamp": 1}',
+            "item 18446744073709551616 is outside",
+        ),
+        (
+            "just_past_int64",
+            {"user": 2**63, "item": 1, "timestamp": 1},
+            "user 9223372036854775808 is outside",
+        ),
+        ("negative_id", {"user": 1, "item": -1, "timestamp": 1}, "item -1 is outside"),
+        ("reserved_key", {"user": -(2**63), "item": 1, "timestamp": 1}, "user .* is outside"),
+        (
+            "timestamp_past_int64",
+            {"user": 1, "item": 1, "timestamp": -(2**63) - 1},
+            "timestamp .* is outside",
+        ),
+        (
+            "nan",
+            '{"user": 1, "item": 2, "timestamp": NaN}',
+            "timestamp must be an integer, got nan",
+        ),
+        (
+            "infinity",
+            '{"user": 1, "item": 2e400, "timestamp": 3}',
+            "item must be an integer, got inf",
+        ),
+        ("thousands_of_digits", '{"user": ' + "9" * 5000 + "}", "bad JSON"),
+        ("deep_nesting", "[" * 100_000, "bad JSON"),
+        ("invalid_utf8_json", b'{"user": "\xff"}', "bad JSON"),
+        (
+            "invalid_utf8_value",
+            {"user": b"\xff1", "item": 2, "timestamp": 3},
+            "user must be an integer",
+        ),
+        (
+            "non_ascii_digits",
+            {"user": "\u0661\u0662", "item": 2, "timestamp": 3},
+            "user must be an integer",
+        ),
+        ("underscores", {"user": b"1_000", "item": 2, "timestamp": 3}, "user must be an integer"),
+        ("nul_byte", {"user": b"5\x00", "item": 2, "timestamp": 3}, "user must be an integer"),
+        ("wrong_arity", (1, 2), "expected \\(user, item, timestamp\\)"),
+        ("not_a_record", 42, "an event must be an object"),
     )
     def test_malformed(self, record, message):
         with self.assertRaisesRegex(ValueError, message):
             sources.parse_event(record)
+
+    def test_a_huge_text_is_refused_with_a_short_reason(self):
+        with self.assertRaises(ValueError) as raised:
+            sources.parse_event({"user": "7" * 1_000_000, "item": 1, "timestamp": 1})
+        reason = str(raised.exception)
+        assert reason.startswith("user must be an integer, got '7777") and len(reason) < 200
 
 
 def _read_all(source, chunk: int = 4) -> tuple[list, object]:
@@ -45,18 +107,26 @@ def _read_all(source, chunk: int = 4) -> tuple[list, object]:
         position = found.position
 
 
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
 def test_iterable_source_resumes_after_the_restored_position(tmp_path):
     events = [(1, 10, 0), (2, 20, 1), ("x", 30, 2), (3, 30, 3), (4, 40, 4)]
     dead = DeadLetterFile(str(tmp_path / "dead.jsonl"))
     source = sources.IterableSource(events, dead)
     first = source.read(2, 0.0)
-    assert first.users.tolist() == [1, 2] and first.position == 2
+    assert first.users.tolist() == [1, 2]
+    assert first.position == {"consumed": 2, "dead_letters": 0}
     rest, position = _read_all(source)
-    assert rest == [(3, 30), (4, 40)] and position == 5 and source.exhausted
-    assert source.dead_letters == 1
+    assert rest == [(3, 30), (4, 40)] and source.exhausted
+    assert position == {"consumed": 5, "dead_letters": 1} and source.dead_letters == 1
     again = sources.IterableSource(events, DeadLetterFile(str(tmp_path / "dead2.jsonl")))
     again.restore(first.position)
-    assert _read_all(again)[0] == [(3, 30), (4, 40)]
+    assert _read_all(again)[0] == [(3, 30), (4, 40)] and again.dead_letters == 1
+    legacy = sources.IterableSource(events, dead)
+    legacy.restore(3)  # a checkpoint of the earlier format: the bare count
+    assert _read_all(legacy)[0] == [(3, 30), (4, 40)]
 
 
 def test_iterable_source_without_a_dead_letter_sink_raises_on_bad_events():
@@ -64,8 +134,56 @@ def test_iterable_source_without_a_dead_letter_sink_raises_on_bad_events():
         sources.IterableSource([("x", 1, 2)]).read(5, 0.0)
 
 
-def _append(path, text: str) -> None:
-    with open(path, "a") as out:
+def test_iterable_source_dead_letters_what_is_no_event_at_all(tmp_path):
+    dead = DeadLetterFile(str(tmp_path / "dead.jsonl"))
+    events = [object(), (1, 2**64, 3), {"user": float("nan"), "item": 1, "timestamp": 1}, (4, 5, 6)]
+    source = sources.IterableSource(events, dead)
+    assert _read_all(source)[0] == [(4, 5)] and source.dead_letters == 3
+    reasons = [record["error"] for record in _records(dead.path)]
+    assert "an event must be an object" in reasons[0]
+    assert "item 18446744073709551616 is outside" in reasons[1]
+    assert "user must be an integer, got nan" in reasons[2]
+
+
+def test_dead_letters_are_recorded_once_per_event_across_restarts(tmp_path):
+    path = str(tmp_path / "dead" / "letters.jsonl")
+    first = DeadLetterFile(path)
+    assert first.add("a.jsonl:0", b"x", "bad JSON") and first.add("a.jsonl:10", b"y", "bad")
+    assert first.add("b.csv:5", b"z", "bad")
+    restarted = DeadLetterFile(path)  # the same events read again after a crash
+    assert not restarted.add("a.jsonl:0", b"x", "bad JSON")
+    assert not restarted.add("a.jsonl:10", b"y", "bad")
+    assert restarted.add("a.jsonl:20", b"w", "bad") and not restarted.add("b.csv:5", b"z", "bad")
+    assert [record["id"] for record in _records(path)] == [
+        "a.jsonl:0",
+        "a.jsonl:10",
+        "b.csv:5",
+        "a.jsonl:20",
+    ]
+
+
+def test_a_dead_letter_torn_by_a_crash_is_recorded_again_on_a_line_of_its_own(tmp_path):
+    path = tmp_path / "dead.jsonl"
+    path.write_text('{"id": "a.jsonl:0", "error": "e", "payload": "x"}\n{"id": "a.jsonl:7", "err')
+    sink = DeadLetterFile(str(path))
+    assert not sink.add("a.jsonl:0", b"x", "e")
+    assert sink.add("a.jsonl:7", b"y", "e") and sink.add("a.jsonl:9", b"z", "e")
+    lines = path.read_text().splitlines()
+    assert lines[1] == '{"id": "a.jsonl:7", "err'  # the torn part, alone
+    assert [json.loads(line)["id"] for line in lines[2:]] == ["a.jsonl:7", "a.jsonl:9"]
+
+
+def test_dead_letters_keep_the_reason_and_the_start_of_a_huge_payload(tmp_path):
+    sink = DeadLetterFile(str(tmp_path / "dead.jsonl"))
+    sink.add("a.jsonl:0", b"9" * 5_000_000, "user must be an integer")
+    (record,) = _records(sink.path)
+    assert record["error"] == "user must be an integer"
+    assert record["payload"].startswith("9" * 100)
+    assert len(record["payload"]) < sources.MAX_PAYLOAD_CHARS + 100
+
+
+def _append(path, text: str | bytes) -> None:
+    with open(path, "ab" if isinstance(text, bytes) else "a") as out:
         out.write(text)
 
 
@@ -80,21 +198,96 @@ def test_directory_source_tails_files_and_resumes_from_offsets(tmp_path):
     events, position = _read_all(source)
     assert events == [(1, 10), (2, 20), (5, 50)]
     assert source.dead_letters == 1
-    record = json.loads(open(dead.path).read())
+    (record,) = _records(dead.path)
     assert record["id"].startswith("b.jsonl:") and "integer" in record["error"]
     _append(folder / "a.csv", "0,300\n4,40,400\n")  # the open line completes, one more arrives
     more, position = _read_all(source)
     assert more == [(3, 30), (4, 40)]
-    assert position["a.csv"] == os.path.getsize(folder / "a.csv")
+    assert position == {
+        "offsets": {name: os.path.getsize(folder / name) for name in ("a.csv", "b.jsonl")},
+        "dead_letters": 1,
+    }
     restarted = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "d2")))
     restarted.restore(position)
     _append(folder / "b.jsonl", '{"user": 6, "item": 60, "timestamp": 600}\n')
-    assert _read_all(restarted)[0] == [(6, 60)]
+    assert _read_all(restarted)[0] == [(6, 60)] and restarted.dead_letters == 1
+    legacy = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "d3")))
+    legacy.restore(position["offsets"])  # a checkpoint of the earlier format: bare offsets
+    _append(folder / "a.csv", "7,70,700\n")
+    assert _read_all(legacy)[0] == [(7, 70), (6, 60)]
 
 
 def test_directory_source_waits_quietly_for_a_missing_folder(tmp_path):
     source = sources.DirectorySource(str(tmp_path / "later"), DeadLetterFile(str(tmp_path / "d")))
     assert source.read(10, 0.05) is None
+
+
+def _bad_lines_folder(tmp_path):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    _append(
+        folder / "a.jsonl",
+        '{"user": 1, "item": 10, "timestamp": 1}\n'
+        '{"user": 99999999999999999999999, "item": 1, "timestamp": 1}\n'
+        '{"user": 2, "item": 20, "timestamp": NaN}\n'
+        '{"user": -4, "item": 20, "timestamp": 2}\n'
+        + ("[" * 100_000)
+        + "\n"
+        + '{"user": 2, "item": 20, "timestamp": 2}\n',
+    )
+    _append(folder / "b.csv", b"3,30,3\n9223372036854775808,1,1\n\xff\xfe,1,1\n4,40,4\n")
+    return folder
+
+
+def test_directory_lines_that_cannot_be_examples_are_dead_lettered_and_reading_goes_on(tmp_path):
+    folder = _bad_lines_folder(tmp_path)
+    dead = DeadLetterFile(str(tmp_path / "dead.jsonl"))
+    source = sources.DirectorySource(str(folder), dead)
+    events, position = _read_all(source, chunk=100)
+    assert sorted(events) == [(1, 10), (2, 20), (3, 30), (4, 40)]
+    assert source.dead_letters == 6 and position["dead_letters"] == 6
+    reasons = {record["id"]: record["error"] for record in _records(dead.path)}
+    assert [key.split(":")[0] for key in reasons] == ["a.jsonl"] * 4 + ["b.csv"] * 2
+    reasons = list(reasons.values())
+    assert "user 99999999999999999999999 is outside" in reasons[0]
+    assert "timestamp must be an integer, got nan" in reasons[1]
+    assert "user -4 is outside" in reasons[2] and "bad JSON" in reasons[3]
+    assert "user 9223372036854775808 is outside" in reasons[4]
+    assert "user must be an integer" in reasons[5]
+
+
+def test_directory_dead_letters_once_and_counts_the_total_over_restarts(tmp_path):
+    folder = _bad_lines_folder(tmp_path)
+    path = str(tmp_path / "dead.jsonl")
+    crashed = sources.DirectorySource(str(folder), DeadLetterFile(path))
+    _read_all(crashed, chunk=100)  # dead-lettered, then killed before any checkpoint
+    again = sources.DirectorySource(str(folder), DeadLetterFile(path))
+    again.restore(None)
+    first, position = _read_all(again, chunk=100)
+    assert len(first) == 4 and again.dead_letters == 6 and len(_records(path)) == 6
+    _append(folder / "b.csv", "x,1,1\n5,50,5\n")
+    after_checkpoint = sources.DirectorySource(str(folder), DeadLetterFile(path))
+    after_checkpoint.restore(position)
+    assert _read_all(after_checkpoint)[0] == [(5, 50)]
+    assert after_checkpoint.dead_letters == 7 and len(_records(path)) == 7
+
+
+def test_a_line_longer_than_a_read_is_dead_lettered_once_its_end_is_written(tmp_path):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    dead = DeadLetterFile(str(tmp_path / "dead.jsonl"))
+    source = sources.DirectorySource(str(folder), dead, read_bytes=64)
+    long_line = '{"user": 1, "item": 2, "timestamp": 3, "note": "' + "n" * 300
+    _append(folder / "a.jsonl", '{"user": 1, "item": 10, "timestamp": 1}\n' + long_line)
+    assert _read_all(source)[0] == [(1, 10)]  # the long line is still being written
+    assert source.dead_letters == 0
+    _append(folder / "a.jsonl", '"}\n{"user": 2, "item": 20, "timestamp": 2}\n')
+    events, position = _read_all(source)
+    assert events == [(2, 20)] and source.dead_letters == 1
+    assert position["offsets"]["a.jsonl"] == os.path.getsize(folder / "a.jsonl")
+    (record,) = _records(dead.path)
+    assert record["id"] == "a.jsonl:40" and record["payload"] == long_line[:64]
+    assert f"line of {len(long_line) + 3} bytes, longer than the 64 read at once" in record["error"]
 
 
 # ---------------------------------------------------------------------------
@@ -140,23 +333,127 @@ def test_redis_redelivers_uncommitted_events_after_a_restart(redis_server):
     assert _pending(client) == 7  # 0-4 acknowledged at once; the rest on the next commit
 
 
+def _publish_malformed(client) -> list[bytes]:
+    """One good entry, then one of each way an entry can fail, then another good one."""
+    client.xadd("events", {"user": 1, "item": 2, "timestamp": 3})
+    bad = [
+        {"json": "{not json"},
+        {"user": 7, "item": 8},
+        {"user": "seven", "item": 8, "timestamp": 9},
+        {"user": "99999999999999999999999", "item": 1, "timestamp": 1},
+        {"json": '{"user": 1, "item": 18446744073709551616, "timestamp": 1}'},
+        {"user": 1, "item": -5, "timestamp": 1},
+        {"json": '{"user": 1, "item": 2, "timestamp": NaN}'},
+        {"user": 1, "item": 2.5, "timestamp": 1},
+        {"user": "1" * 200_000, "item": 1, "timestamp": 1},
+        {"user": b"\xff\xfe", "item": 1, "timestamp": 1},
+        {b"\xffuser": 1, "item": 1, "timestamp": 1},
+        {"json": "[" * 100_000},
+    ]
+    ids = [client.xadd("events", fields) for fields in bad]
+    client.xadd("events", {"json": '{"user": 4, "item": 5, "timestamp": 6}'})
+    return ids
+
+
 def test_redis_malformed_entries_go_to_the_dead_letter_stream(redis_server):
     client = redis_server.client()
-    client.xadd("events", {"user": 1, "item": 2, "timestamp": 3})
-    client.xadd("events", {"json": '{"user": 4, "item": 5, "timestamp": 6}'})
-    client.xadd("events", {"json": "{not json"})
-    client.xadd("events", {"user": 7, "item": 8})
-    client.xadd("events", {"user": "seven", "item": 8, "timestamp": 9})
+    bad_ids = _publish_malformed(client)
     client.xadd("events", {"user": 10, "item": 11, "timestamp": 12})
     source = sources.RedisSource(redis_server.client(), "events")
-    chunk = source.read(10, 0.1)
+    chunk = source.read(100, 0.1)
     assert chunk.users.tolist() == [1, 4, 10] and len(chunk.ids) == 3
-    assert source.dead_letters == 3
+    assert source.dead_letters == 12 == chunk.position["dead_letters"]
     dead = client.xrange("events:dead")
+    assert [entry_id for entry_id, _ in dead] == bad_ids  # keyed by the entry's own id
+    assert [fields[b"id"] for _, fields in dead] == bad_ids
     errors = [fields[b"error"].decode() for _, fields in dead]
-    assert "bad JSON" in errors[0] and "missing field" in errors[1] and "integer" in errors[2]
+    expected = [
+        "bad JSON",
+        "missing field 'timestamp'",
+        "user must be an integer, got 'seven'",
+        "user 99999999999999999999999 is outside",
+        "item 18446744073709551616 is outside",
+        "item -5 is outside",
+        "timestamp must be an integer, got nan",
+        "item must be an integer, got '2.5'",
+        "user must be an integer, got '1111",
+        "user must be an integer, got b'\\xff\\xfe'",
+        "missing field 'user'",
+        "bad JSON",
+    ]
+    for error, start in zip(errors, expected, strict=True):
+        assert error.startswith(start), (error, start)
+    assert max(len(fields[b"payload"]) for _, fields in dead) < sources.MAX_PAYLOAD_CHARS + 100
     source.commit(chunk.position)
     assert _pending(client) == 0  # dead letters are acknowledged with the rest
+
+
+def test_redis_an_id_beyond_int64_among_plain_entries_is_dead_lettered(redis_server):
+    client = redis_server.client()
+    _publish(client, "events", [(1, 1, 1), (99999999999999999999999, 1, 1), (2, 2, 2)])
+    source = sources.RedisSource(redis_server.client(), "events")
+    chunk = source.read(10, 0.1)
+    assert chunk.users.tolist() == [1, 2] and source.dead_letters == 1
+
+
+def test_redis_dead_letters_once_and_counts_the_total_over_restarts(redis_server):
+    client = redis_server.client()
+    bad_ids = _publish_malformed(client)
+    crashed = sources.RedisSource(redis_server.client(), "events")
+    assert len(crashed.read(100, 0.1)) == 2  # dead-lettered, killed before a checkpoint
+    again = sources.RedisSource(redis_server.client(), "events")
+    again.restore(None)
+    chunk = again.read(100, 0.1)
+    assert len(chunk) == 2 and again.dead_letters == 12
+    assert [entry_id for entry_id, _ in client.xrange("events:dead")] == bad_ids
+    again.commit(chunk.position)
+    newer = client.xadd("events", {"user": "x", "item": 1, "timestamp": 1})
+    _publish(client, "events", [(5, 5, 5)])
+    after_checkpoint = sources.RedisSource(redis_server.client(), "events")
+    after_checkpoint.restore(chunk.position)
+    assert after_checkpoint.read(100, 0.1).users.tolist() == [5]
+    assert after_checkpoint.dead_letters == 13
+    assert [entry_id for entry_id, _ in client.xrange("events:dead")] == [*bad_ids, newer]
+
+
+def test_redis_a_connection_lost_while_dead_lettering_reads_the_reply_again(redis_server):
+    client = redis_server.client()
+    _publish(client, "events", [(1, 1, 1)])
+    client.xadd("events", {"user": "bad", "item": 1, "timestamp": 1})
+    _publish(client, "events", [(2, 2, 2)])
+    source = sources.RedisSource(redis_server.client(), "events", max_backoff=0.05)
+    dead_letter_writes = source.client.xadd
+
+    def lose_the_connection_once(*args, **kwargs):
+        source.client.xadd = dead_letter_writes
+        raise redis.ConnectionError("connection lost")
+
+    source.client.xadd = lose_the_connection_once
+    assert source.read(10, 0.1) is None and source.reconnects == 1
+    events, position = _read_all(source)
+    assert events == [(1, 1), (2, 2)]  # nothing lost, nothing twice
+    assert source.dead_letters == 1 and client.xlen("events:dead") == 1
+    source.commit(position)
+    assert _pending(client) == 0
+
+
+def test_redis_a_dead_letter_stream_keyed_otherwise_still_gets_every_dead_letter(redis_server):
+    client = redis_server.client()
+    client.xadd("events:dead", {"id": "?", "error": "older", "payload": ""}, id="99999999999999-0")
+    bad = client.xadd("events", {"user": "bad", "item": 1, "timestamp": 1})
+    source = sources.RedisSource(redis_server.client(), "events")
+    source.read(10, 0.1)
+    assert [fields[b"id"] for _, fields in client.xrange("events:dead")] == [b"?", bad]
+
+
+def test_redis_restores_a_position_of_the_earlier_format(redis_server):
+    client = redis_server.client()
+    _publish(client, "events", [(u, u, u) for u in range(4)])
+    crashed = sources.RedisSource(redis_server.client(), "events")
+    checkpointed = crashed.read(2, 0.1)
+    restarted = sources.RedisSource(redis_server.client(), "events")
+    restarted.restore(checkpointed.position["id"])  # a bare entry id
+    assert [user for user, _ in _read_all(restarted)[0]] == [2, 3]
 
 
 def test_redis_source_rides_out_a_server_restart(redis_server):

@@ -17,9 +17,16 @@ that buys:
   checkpointed, but not yet acknowledged when the trainer died) are acknowledged
   without training them twice. Connection failures are retried with back-off.
 
-Malformed events (bad JSON, missing fields, non-integer ids) never stop training:
-they go to a dead-letter sink (a JSON-lines file, or a Redis stream) and are counted
-in `dead_letters`.
+Every event goes through one conversion, `parse_event`: user and item ids must be
+integers in [0, 2**63 - 1] (`MAX_ID`; negative int64 values are refused because the
+hash tables reserve two of them), timestamps any int64. An event that cannot become a
+training example (bad JSON, a missing field, a wrong type, NaN, an id out of range, a
+huge or undecodable text, a line longer than the read block) never stops training: it
+goes to a dead-letter sink (a JSON-lines file, or a Redis stream) with its reason, and
+is acknowledged with the events around it. Dead letters are written once per event
+(keyed by the event's source id, so a restart that reads an event again does not
+record it twice), and their count is part of the position, so that it is checkpointed
+and restored with it: `dead_letters` is the total over restarts.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import numbers
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -40,6 +49,15 @@ from absl import logging
 FIELDS = ("user", "item", "timestamp")
 # Events whose payload is one JSON object carry it in this Redis field.
 JSON_FIELD = "json"
+# The accepted range of user and item ids (timestamps: any int64).
+MAX_ID = 2**63 - 1
+_INT64_MIN = -(2**63)
+# Longest integer text read (an int64 needs 20 characters; padding aside, more is no id).
+_MAX_INTEGER_TEXT = 32
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+# Dead letters keep this much of the payload and of the reason.
+MAX_PAYLOAD_CHARS = 1000
+_MAX_REASON_CHARS = 300
 
 
 @dataclasses.dataclass
@@ -68,83 +86,188 @@ def _chunk(events: list[tuple[int, int, int]], ids: list, position: Any) -> Even
 
 
 def parse_event(record: Any) -> tuple[int, int, int]:
-    """(user, item, timestamp) from a mapping or a JSON object text.
+    """(user, item, timestamp) from a mapping (str or bytes keys), a JSON object text or
+    a (user, item, timestamp) sequence: the one conversion every source uses.
 
     Raises:
-        ValueError: Saying what is wrong (bad JSON, a missing field, a non-integer).
+        ValueError: Saying what is wrong, whatever it is (bad JSON, not an object, a
+            missing field, a non-integer, an id out of range, an undecodable text).
     """
+    try:
+        return _parse_event(record)
+    except ValueError as error:
+        raise ValueError(_shorten(str(error), _MAX_REASON_CHARS)) from None
+    except (TypeError, OverflowError, RecursionError) as error:
+        raise ValueError(_shorten(f"{type(error).__name__}: {error}", _MAX_REASON_CHARS)) from None
+
+
+def _parse_event(record: Any) -> tuple[int, int, int]:
     if isinstance(record, (str, bytes)):
         try:
             record = json.loads(record)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"bad JSON: {error}") from None
+        except (ValueError, RecursionError) as error:  # JSONDecodeError, bad UTF-8, depth
+            raise ValueError(f"bad JSON: {type(error).__name__}: {error}") from None
+    elif isinstance(record, (tuple, list, np.ndarray)):  # not from JSON: objects only there
+        if len(record) != len(FIELDS):
+            raise ValueError(f"expected (user, item, timestamp), got {_short_repr(record)}")
+        record = dict(zip(FIELDS, record, strict=True))
     if not isinstance(record, dict):
         raise ValueError(f"an event must be an object with {FIELDS}, got {type(record).__name__}")
-    values = []
-    for field in FIELDS:
-        if field not in record:
-            raise ValueError(f"missing field {field!r}")
-        values.append(_to_int(record[field], field))
-    return tuple(values)
+    user = _to_int(_field(record, "user"), "user", 0, MAX_ID)
+    item = _to_int(_field(record, "item"), "item", 0, MAX_ID)
+    return user, item, _to_int(_field(record, "timestamp"), "timestamp", _INT64_MIN, MAX_ID)
 
 
-def _to_int(value: Any, field: str) -> int:
+def _field(record: dict, name: str) -> Any:
+    for key in (name, name.encode()):
+        if key in record:
+            return record[key]
+    raise ValueError(f"missing field {name!r}")
+
+
+def _to_int(value: Any, field: str, low: int, high: int) -> int:
+    """`value` as an int in [low, high]: ints (not booleans) and decimal texts only."""
     if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"{field} must be an integer, got {value!r}")
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{field} must be an integer, got {value!r}") from None
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError(f"{field} must be an integer, got {_short_repr(value)}") from None
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > _MAX_INTEGER_TEXT or not _INTEGER.fullmatch(text):
+            raise ValueError(f"{field} must be an integer, got {_short_repr(value)}")
+        number = int(text)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    else:  # floats (NaN and infinities too), booleans, None, containers
+        raise ValueError(f"{field} must be an integer, got {_short_repr(value)}")
+    if not low <= number <= high:
+        raise ValueError(f"{field} {_shorten(str(number), 40)} is outside [{low}, {high}]")
+    return number
 
 
-class DeadLetterFile:
-    """Appends malformed events to a JSON-lines file, one object per event."""
+def _plain_redis_event(flat: list) -> tuple[int, int, int] | None:
+    """The common Redis entry (user, item, timestamp fields in that order, plain
+    non-negative decimals of at most 18 digits, so below 2**63) converted without the
+    general path; None for anything else. Whatever it accepts, `parse_event` accepts
+    with the same result."""
+    if len(flat) != 6 or flat[0] != b"user" or flat[2] != b"item" or flat[4] != b"timestamp":
+        return None
+    user, item, stamp = flat[1], flat[3], flat[5]
+    if max(len(user), len(item), len(stamp)) > 18:
+        return None
+    if not (user.isdigit() and item.isdigit() and stamp.isdigit()):  # ASCII digits only
+        return None
+    return int(user), int(item), int(stamp)
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.count = 0
 
-    def add(self, source_id: str, payload: Any, error: str) -> None:
-        """Records one malformed event."""
-        if self.count == 0:
-            tf.io.gfile.makedirs(os.path.dirname(self.path) or ".")
-        record = {"id": source_id, "error": error, "payload": _printable(payload)}
-        with tf.io.gfile.GFile(self.path, "a") as out:
-            out.write(json.dumps(record) + "\n")
-        self.count += 1
-        logging.log_every_n(logging.WARNING, "dead letter %s: %s", 100, source_id, error)
+def _shorten(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _short_repr(value: Any) -> str:
+    return _shorten(repr(value), 60)
+
+
+def _payload_text(payload: Any) -> str:
+    """A dead letter's payload as text, cut to `MAX_PAYLOAD_CHARS`."""
+    if isinstance(payload, bytes):
+        text = payload.decode("utf-8", "replace")
+    elif isinstance(payload, str):
+        text = payload
+    else:
+        text = json.dumps(_printable(payload), default=repr)
+    return _shorten(text, MAX_PAYLOAD_CHARS)
 
 
 def _printable(payload: Any) -> Any:
     if isinstance(payload, bytes):
         return payload.decode("utf-8", "replace")
     if isinstance(payload, dict):
-        return {_printable(k): _printable(v) for k, v in payload.items()}
+        return {str(_printable(k)): _printable(v) for k, v in payload.items()}
+    if isinstance(payload, (list, tuple)):
+        return [_printable(v) for v in payload]
     return payload
+
+
+def _ordered_id(source_id: str) -> tuple[str, int]:
+    """``"<key>:<n>"`` or ``"<n>"`` -> (key, n)."""
+    key, _, number = source_id.rpartition(":")
+    return key, int(number)
+
+
+class DeadLetterFile:
+    """Appends malformed events to a JSON-lines file, one object per event, once.
+
+    Source ids are ``<file>:<offset>`` or ``<ordinal>``, increasing per file in the
+    order a source reads them, so an id at or before the last one the file holds for
+    its file was recorded before a restart and is not written again. The file is read
+    once, at the first write; a last line torn by a crash is ignored (that event is
+    recorded again when it is read again) and left on a line of its own.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._last: dict[str, int] | None = None  # highest recorded offset per file
+        self._torn = False
+
+    def _load(self) -> dict[str, int]:
+        last: dict[str, int] = {}
+        if not tf.io.gfile.exists(self.path):
+            tf.io.gfile.makedirs(os.path.dirname(self.path) or ".")
+            return last
+        line = ""
+        with tf.io.gfile.GFile(self.path, "r") as stream:
+            for line in stream:
+                try:
+                    key, number = _ordered_id(json.loads(line)["id"])
+                except (ValueError, KeyError, TypeError):
+                    continue  # torn by a crash
+                last[key] = max(number, last.get(key, -1))
+        self._torn = bool(line) and not line.endswith("\n")
+        return last
+
+    def add(self, source_id: str, payload: Any, error: str) -> bool:
+        """Records one malformed event unless it is already there; returns whether it
+        was written now."""
+        if self._last is None:
+            self._last = self._load()
+        key, number = _ordered_id(source_id)
+        if number <= self._last.get(key, -1):
+            return False
+        record = {"id": source_id, "error": error, "payload": _payload_text(payload)}
+        with tf.io.gfile.GFile(self.path, "a") as out:
+            out.write(("\n" if self._torn else "") + json.dumps(record) + "\n")
+        self._torn = False
+        self._last[key] = number
+        logging.log_every_n(logging.WARNING, "dead letter %s: %s", 100, source_id, error)
+        return True
 
 
 class IterableSource:
     """Events from a Python iterable of ``(user, item, timestamp)`` tuples or dicts.
 
-    The position is the number of events consumed; after `restore`, a re-iterable
-    collection (list, array) skips that many. Malformed ones go to `dead_letter`.
+    The position is ``{"consumed": events consumed, "dead_letters": count}``; after
+    `restore`, a re-iterable collection (list, array) skips that many. Malformed ones
+    go to `dead_letter` (without one, they raise).
     """
 
     def __init__(self, events: Iterable, dead_letter: DeadLetterFile | None = None) -> None:
         self._events = events
         self._iterator: Iterator | None = None
         self.consumed = 0
+        self.dead_letters = 0
         self.exhausted = False
         self.dead_letter = dead_letter
 
-    @property
-    def dead_letters(self) -> int:
-        return self.dead_letter.count if self.dead_letter else 0
-
-    def restore(self, position: int | None) -> None:
-        self.consumed = int(position or 0)
+    def restore(self, position: dict | int | None) -> None:
+        """Resumes after `position` (also the bare count of earlier versions)."""
+        if isinstance(position, dict):
+            self.consumed, self.dead_letters = position["consumed"], position["dead_letters"]
+        else:
+            self.consumed, self.dead_letters = int(position or 0), 0
         self._iterator = None
 
     def commit(self, position: Any) -> None:
@@ -164,15 +287,18 @@ class IterableSource:
                 break
             self.consumed += 1
             try:
-                event = parse_event(record if isinstance(record, dict) else _as_record(record))
-            except (ValueError, TypeError) as error:
+                event = parse_event(record)
+            except ValueError as error:
                 if self.dead_letter is None:
                     raise
                 self.dead_letter.add(str(self.consumed - 1), record, str(error))
+                self.dead_letters += 1
                 continue
             events.append(event)
             ids.append(self.consumed - 1)
-        return _chunk(events, ids, self.consumed) if events or not self.exhausted else None
+        if not events and self.exhausted:
+            return None
+        return _chunk(events, ids, {"consumed": self.consumed, "dead_letters": self.dead_letters})
 
     def close(self) -> None:
         """Nothing to release."""
@@ -183,13 +309,15 @@ class DirectorySource:
     (``user,item,timestamp``; a header line is skipped) files in a folder.
 
     Files are read in name order, each from its remembered byte offset; only complete
-    (newline-terminated) lines are read, so a writer may append at any pace. The
-    position maps file names to offsets.
+    (newline-terminated) lines are read, so a writer may append at any pace. A line
+    longer than `read_bytes` is dead-lettered (its start kept) once its end has been
+    written, and reading goes on after it. The position is ``{"offsets": {file name:
+    offset}, "dead_letters": count}``.
 
     Args:
         directory: The folder (local or any tf.io.gfile path).
         dead_letter: Where malformed lines go.
-        read_bytes: Most bytes read per file per call.
+        read_bytes: Most bytes read per file per call, and the longest line read.
     """
 
     def __init__(
@@ -199,14 +327,18 @@ class DirectorySource:
         self.dead_letter = dead_letter
         self.read_bytes = read_bytes
         self.offsets: dict[str, int] = {}
+        self.dead_letters = 0
         self.exhausted = False  # a folder can always grow
-
-    @property
-    def dead_letters(self) -> int:
-        return self.dead_letter.count
+        # file -> (offset of a long line, bytes of it scanned without finding its end)
+        self._long_line_scan: dict[str, tuple[int, int]] = {}
 
     def restore(self, position: dict | None) -> None:
-        self.offsets = dict(position or {})
+        """Resumes at `position` (also the bare offsets of earlier versions)."""
+        position = position or {}
+        if "offsets" in position:  # no event file is named "offsets": it has no suffix
+            self.offsets, self.dead_letters = dict(position["offsets"]), position["dead_letters"]
+        else:
+            self.offsets, self.dead_letters = dict(position), 0
 
     def commit(self, position: Any) -> None:
         """Nothing to acknowledge: the offsets in the checkpoint are the commit."""
@@ -229,7 +361,8 @@ class DirectorySource:
                     break
                 self._read_file(name, max_events - len(events), events, ids)
             if events:
-                return _chunk(events, ids, dict(self.offsets))
+                position = {"offsets": dict(self.offsets), "dead_letters": self.dead_letters}
+                return _chunk(events, ids, position)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(min(0.05, timeout))
@@ -237,25 +370,58 @@ class DirectorySource:
     def _read_file(self, name: str, limit: int, events: list, ids: list) -> None:
         path = os.path.join(self.directory, name)
         offset = self.offsets.get(name, 0)
-        if tf.io.gfile.stat(path).length <= offset:
-            return
+        try:
+            if tf.io.gfile.stat(path).length <= offset:
+                return
+        except tf.errors.NotFoundError:
+            return  # removed since listed
         with tf.io.gfile.GFile(path, "rb") as stream:
             stream.seek(offset)
             block = stream.read(self.read_bytes)
-        end = block.rfind(b"\n") + 1  # complete lines only
+            end = block.rfind(b"\n") + 1  # complete lines only
+            if not end and len(block) == self.read_bytes:
+                self._skip_long_line(name, offset, block, stream)
+                return
         for line in block[:end].splitlines(keepends=True)[:limit]:
             line_id = f"{name}:{offset}"
+            is_header = offset == 0 and name.endswith(".csv")
             offset += len(line)
             text = line.strip()
-            if not text or (name.endswith(".csv") and line_id.endswith(":0") and _is_header(text)):
+            if not text or (is_header and _is_header(text)):
                 continue
             try:
                 events.append(_parse_line(text, name.endswith(".csv")))
             except ValueError as error:
-                self.dead_letter.add(line_id, text, str(error))
+                self._dead_letter(line_id, text, str(error))
                 continue
             ids.append(line_id)
         self.offsets[name] = offset
+
+    def _skip_long_line(self, name: str, offset: int, start: bytes, stream) -> None:
+        """Dead-letters the line at `offset`, longer than `read_bytes`, and moves past
+        it once its end is in the file; until then, remembers how far it was scanned."""
+        scanned = len(start)
+        if self._long_line_scan.get(name, (None, 0))[0] == offset:
+            scanned = self._long_line_scan[name][1]
+        stream.seek(offset + scanned)
+        while True:
+            block = stream.read(self.read_bytes)
+            if not block:
+                self._long_line_scan[name] = (offset, scanned)
+                return  # its end is not written yet
+            newline = block.find(b"\n")
+            if newline >= 0:
+                break
+            scanned += len(block)
+        length = scanned + newline + 1
+        self._long_line_scan.pop(name, None)
+        reason = f"line of {length:,} bytes, longer than the {self.read_bytes:,} read at once"
+        self._dead_letter(f"{name}:{offset}", start, reason)
+        self.offsets[name] = offset + length
+
+    def _dead_letter(self, line_id: str, text: bytes, error: str) -> None:
+        self.dead_letter.add(line_id, text, error)
+        self.dead_letters += 1
 
     def close(self) -> None:
         """Nothing to release."""
@@ -266,9 +432,7 @@ def _is_header(text: bytes) -> bool:
 
 
 def _parse_line(text: bytes, is_csv: bool) -> tuple[int, int, int]:
-    if not is_csv:
-        return parse_event(text)
-    return parse_event(_as_record(text.split(b",")))
+    return parse_event(text.split(b",") if is_csv else text)
 
 
 def _stream_id(value: str | bytes) -> tuple[int, int]:
@@ -277,13 +441,27 @@ def _stream_id(value: str | bytes) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
+def _redis_event(flat: list | None) -> tuple[int, int, int]:
+    """(user, item, timestamp) of a stream entry's flat ``[field, value, ...]`` list."""
+    if not flat:
+        raise ValueError("the entry was deleted from the stream")
+    event = _plain_redis_event(flat)
+    if event is not None:
+        return event
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+    record = fields.get(JSON_FIELD.encode())
+    return parse_event(record if record is not None else fields)
+
+
 class RedisSource:
     """Events from a Redis stream through a consumer group, acknowledged on commit.
 
     Entries hold ``user``, ``item`` and ``timestamp`` fields, or one ``json`` field
-    with an object of them. The position is the last entry id read. Malformed entries
-    are copied to the `dead_letter_stream` (with their id and the error) and
-    acknowledged with the rest.
+    with an object of them. The position is ``{"id": last entry id read,
+    "dead_letters": count}``. Malformed entries are copied to the
+    `dead_letter_stream` under their own entry id (with an ``id`` field, the error and
+    the payload), which makes that copy idempotent: Redis refuses a second entry with
+    the same id. They are acknowledged with the rest.
 
     Args:
         client: A ``redis.Redis`` client (``redis.Redis.from_url(...)``).
@@ -319,21 +497,25 @@ class RedisSource:
         self._group_ready = False
         self._backoff = 0.0
 
-    def restore(self, position: str | None) -> None:
-        self._after = _stream_id(position) if position else None
+    def restore(self, position: dict | str | None) -> None:
+        """Resumes after `position` (also the bare entry id of earlier versions)."""
+        if isinstance(position, dict):
+            entry_id, self.dead_letters = position["id"], position["dead_letters"]
+        else:
+            entry_id, self.dead_letters = position, 0
+        self._after = _stream_id(entry_id) if entry_id else None
         self._pending_cursor = "0"
 
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
         try:
             self._ensure_group()
             entries = self._read_entries(max_events, timeout)
+            chunk = self._parse(entries) if entries else None
         except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as error:
             self._wait_to_reconnect(error)
             return None
         self._backoff = 0.0
-        if not entries:
-            return None
-        return self._parse(entries)
+        return chunk
 
     def _ensure_group(self) -> None:
         if self._group_ready:
@@ -398,43 +580,46 @@ class RedisSource:
         time.sleep(self._backoff)
 
     def _parse(self, entries: list) -> EventChunk:
+        """Converts entries and dead-letters the malformed ones; the source's state
+        changes only once all of that is done (a dropped connection midway makes the
+        whole reply be read again, from the pending list)."""
         ids = [entry_id.decode() for entry_id, _ in entries]
-        self._delivered.extend(ids)
-        position = self._last_read = ids[-1]
-        try:  # the common case, vectorised: user, item, timestamp fields in that order
-            table = np.array([fields for _, fields in entries])
-            if table.ndim == 2 and table.shape[1] == 6 and _has_plain_fields(table):
-                values = table[:, 1::2].astype(np.int64)
-                return EventChunk(values[:, 0], values[:, 1], values[:, 2], ids, position)
-        except (ValueError, TypeError):
-            pass  # uneven, missing or non-integer fields: one by one below
-        events, good_ids = [], []
+        events, good_ids, dead = [], [], 0
         for entry_id, (_, flat) in zip(ids, entries, strict=True):
-            fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
             try:
-                if not fields:
-                    raise ValueError("the entry was deleted from the stream")
-                record = fields.get(JSON_FIELD.encode())
-                events.append(parse_event(record if record is not None else _decode(fields)))
-                good_ids.append(entry_id)
+                events.append(_redis_event(flat))
             except ValueError as error:
-                self._dead_letter(entry_id, fields, str(error))
-        return _chunk(events, good_ids, position)
+                self._dead_letter(entry_id, flat, str(error))
+                dead += 1
+                continue
+            good_ids.append(entry_id)
+        self.dead_letters += dead
+        self._delivered.extend(ids)
+        self._last_read = ids[-1]
+        return _chunk(events, good_ids, {"id": ids[-1], "dead_letters": self.dead_letters})
 
-    def _dead_letter(self, entry_id, fields: dict | None, error: str) -> None:
-        payload = json.dumps(_printable(fields or {}))
-        self.client.xadd(
-            self.dead_letter_stream,
-            {"id": entry_id, "error": error, "payload": payload},
-        )
-        self.dead_letters += 1
+    def _dead_letter(self, entry_id: str, flat: list | None, error: str) -> None:
+        fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
+        letter = {"id": entry_id, "error": error, "payload": _payload_text(fields)}
+        try:
+            self.client.xadd(self.dead_letter_stream, letter, id=entry_id)
+        except redis.ResponseError as refused:
+            if "equal or smaller" not in str(refused):
+                raise
+            if self.client.xrange(self.dead_letter_stream, entry_id, entry_id):
+                return  # recorded before a restart
+            # The stream holds entries under other ids (written by something else):
+            # record this one under a new id rather than not at all.
+            logging.warning("%s is not keyed by entry id", self.dead_letter_stream)
+            self.client.xadd(self.dead_letter_stream, letter)
         logging.log_every_n(logging.WARNING, "dead letter %s: %s", 100, entry_id, error)
 
-    def commit(self, position: str | None) -> None:
+    def commit(self, position: dict | str | None) -> None:
         """Acknowledges every delivered entry up to `position` (the checkpointed one)."""
-        if not position:
+        entry_id = position["id"] if isinstance(position, dict) else position
+        if not entry_id:
             return
-        last = _stream_id(position)
+        last = _stream_id(entry_id)
         done = []
         while self._delivered and _stream_id(self._delivered[0]) <= last:
             done.append(self._delivered.popleft())
@@ -449,20 +634,3 @@ class RedisSource:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _as_record(values) -> dict:
-    values = tuple(values)
-    if len(values) != len(FIELDS):
-        raise ValueError(f"expected (user, item, timestamp), got {values!r}")
-    return dict(zip(FIELDS, values, strict=True))
-
-
-def _has_plain_fields(table: np.ndarray) -> bool:
-    return all(
-        bool(np.all(table[:, 2 * index] == name.encode())) for index, name in enumerate(FIELDS)
-    )
-
-
-def _decode(fields: dict) -> dict:
-    return {k.decode() if isinstance(k, bytes) else k: v for k, v in fields.items()}
