@@ -48,3 +48,25 @@ def test_later_versions_carry_new_values_and_old_ones_go(tmp_path):
 def test_no_versions_in_a_missing_folder(tmp_path):
     assert export.versions(str(tmp_path / "none")) == []
     assert export.latest_export(str(tmp_path / "none")) is None
+
+
+def test_versions_keep_increasing_after_a_restart_from_an_older_step(tmp_path):
+    crashed = _Scaler()
+    exporter = export.Exporter(str(tmp_path), crashed, {"serving_default": crashed.serve}, keep=2)
+    exporter.export(10, {"step": 10})
+    exporter.export(20, {"step": 20})  # then killed before its checkpoint
+    os.makedirs(tmp_path / ".tmp-30-4242" / "variables")  # killed mid-export
+    os.makedirs(tmp_path / ".old-10-4242")  # killed mid-prune
+    resumed = _Scaler()  # restarted from step 0, with other values
+    resumed.weight.assign(5.0)
+    resumed.table.insert(tf.constant([1], tf.int64), tf.constant([1.0]))
+    exporter = export.Exporter(str(tmp_path), resumed, {"serving_default": resumed.serve}, keep=2)
+    assert sorted(os.listdir(tmp_path)) == ["10", "20"]  # the leftovers are gone
+    exporter.export(5, {"step": 5})
+    newest = exporter.export(15, {"step": 15})
+    assert export.versions(str(tmp_path)) == [21, 22]  # the crashed run's 20 is pruned
+    assert export.latest_export(str(tmp_path)) == newest
+    assert export.read_info(newest)["step"] == 15 and export.read_info(newest)["version"] == 22
+    np.testing.assert_allclose(_served(newest, [1]), [5.0])  # the resumed model is served
+    resumed.weight.assign(6.0)
+    assert os.path.basename(exporter.export(40, {"step": 40})) == "40"  # past them: the step

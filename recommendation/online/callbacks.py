@@ -126,8 +126,9 @@ class CheckpointCallback(_Periodic):
 
 
 class ExportCallback(_Periodic):
-    """Exports a serving SavedModel every N steps or seconds and at the end, as
-    version <step> of `export_base` (atomically, keeping the last `keep`).
+    """Exports a serving SavedModel every N steps or seconds and at the end, as the
+    next version of `export_base` (the step, or above the newest version already there:
+    `export.Exporter`), atomically, keeping the last `keep`.
 
     Args:
         export_base: Folder of versions.

@@ -5,6 +5,13 @@ SavedModel and ``export_info.json`` (step, stream position, time). A version is
 written under a hidden temporary name in the same folder and renamed into place, so a
 reader listing numeric folders never sees one half-written; versions beyond `keep`
 are renamed aside (hidden) before they are deleted, so they vanish at once too.
+
+Versions only ever increase, across restarts too: a version is the training step, or
+one more than the newest version in the folder when that is higher. A trainer that
+crashed before its checkpoint and resumed from an older step (or from none) thus
+exports above the versions of the run that crashed, and a server loading the highest
+version loads the newest model; pruning by version keeps the newest ones. One
+exporter writes to a folder at a time.
 """
 
 from __future__ import annotations
@@ -61,15 +68,17 @@ class Exporter:
         self.module, self.signatures = module, signatures
         self._graph_files: dict[str, bytes] | None = None
         self._variables = tf.train.Checkpoint(root=module)
+        _remove_leftovers(export_base)
 
-    def export(self, version: int, info: dict) -> str:
-        """Writes version `version` (the training step) with `info` in
-        ``export_info.json``; returns its folder."""
+    def export(self, step: int, info: dict) -> str:
+        """Writes the model at `step` as the next version (`step`, or one more than the
+        newest version there if that is higher), with `info` in ``export_info.json``;
+        returns its folder."""
         tf.io.gfile.makedirs(self.export_base)
+        existing = versions(self.export_base)
+        version = max(step, existing[-1] + 1) if existing else step
         final = os.path.join(self.export_base, str(version))
         temp = os.path.join(self.export_base, f".tmp-{version}-{os.getpid()}")
-        if tf.io.gfile.exists(temp):
-            tf.io.gfile.rmtree(temp)
         if self._graph_files is None:
             tf.saved_model.save(self.module, temp, signatures=self.signatures)
             self._graph_files = _graph_files(temp)
@@ -81,8 +90,6 @@ class Exporter:
             self._variables.write(os.path.join(temp, "variables", "variables"))
         with tf.io.gfile.GFile(os.path.join(temp, INFO_FILE), "w") as out:
             json.dump({**info, "version": version, "exported_at": time.time()}, out)
-        if tf.io.gfile.exists(final):  # re-export of the same step after a restart
-            _remove(self.export_base, final)
         tf.io.gfile.rename(temp, final)
         for old in versions(self.export_base)[: -self.keep]:
             _remove(self.export_base, os.path.join(self.export_base, str(old)))
@@ -106,3 +113,13 @@ def _remove(export_base: str, path: str) -> None:
     hidden = os.path.join(export_base, f".old-{os.path.basename(path)}-{os.getpid()}")
     tf.io.gfile.rename(path, hidden, overwrite=True)
     tf.io.gfile.rmtree(hidden)
+
+
+def _remove_leftovers(export_base: str) -> None:
+    """Deletes the hidden folders (``.tmp-*`` half-written versions, ``.old-*``
+    versions being deleted) an exporter killed midway left behind."""
+    if not tf.io.gfile.isdir(export_base):
+        return
+    for name in tf.io.gfile.listdir(export_base):
+        if name.startswith((".tmp-", ".old-")):
+            tf.io.gfile.rmtree(os.path.join(export_base, name.rstrip("/")))
