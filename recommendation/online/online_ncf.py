@@ -4,14 +4,18 @@ Each training step takes a batch of (user, item) events and
 
 1. tests: scores the first `prequential_events` events against
    `prequential_negatives` items drawn from the item table, with the model as it is
-   before the batch (events of new users or items read the default rows), and
-   reports HR@k and NDCG@k (the offline metric, `neumf_model.compute_hr_ndcg`);
+   before the batch: the rows are read before the batch admits any id or evicts any
+   row, so events of new users or items read the default rows and a negative whose
+   row the batch evicts and hands to another id is scored with its own row; a draw
+   equal to the event's item is not counted. It reports HR@k and NDCG@k (the offline
+   metric, `neumf_model.compute_hr_ndcg`);
 2. trains: admits the batch's ids (`HashEmbedding`), draws `num_neg` negatives per
    event from the items seen so far (the occupied item rows; a draw equal to the
    event's item is masked out), and returns the mean sigmoid cross-entropy.
 
-The id-to-row stage (`resolve`: hash tables and sampling) is separate from the
-scoring (`call`: gathers and dense layers), so RecModel can XLA-compile the latter.
+The id-to-row stage (`resolve`: hash tables, sampling, and the test rows' values) is
+separate from the scoring (`call`: gathers and dense layers), so RecModel can
+XLA-compile the latter.
 """
 
 from __future__ import annotations
@@ -109,9 +113,10 @@ class OnlineNeuMF(neumf_model.NeuMF):
         return False  # hash tables are mostly empty rows: never project whole tables
 
     def resolve(self, data: dict, training: bool = False) -> dict:
-        """Ids to rows: the prequential test rows first (before this batch is admitted),
-        then the training rows (admitting, refreshing, evicting when `training`) and
-        the negatives."""
+        """Ids to rows. First the prequential test: its rows' values are read before
+        anything of this batch is admitted or evicted (they get no gradient); then the
+        training rows (admitting, refreshing, evicting when `training`) and the
+        negatives."""
         users = tf.reshape(data[constants.USER_COLUMN], [-1])
         items = tf.reshape(data[constants.ITEM_COLUMN], [-1])
         tested = tf.minimum(self.prequential_events, tf.size(users))
@@ -124,13 +129,15 @@ class OnlineNeuMF(neumf_model.NeuMF):
         duplicates = tf.concat(
             [negative_keys == items[:tested, None], tf.zeros([tested, 1], tf.bool)], axis=1
         )
+        test_user_rows = self.user_embedding(users[:tested], training=False)
+        test_item_rows = self.item_embedding(test_items, by_slot=True)
         user_rows = self.user_embedding.slots(users, training)
         item_rows = self.item_embedding.slots(items, training)
         train_keys, train_rows = self.item_embedding.sample_slots(tf.size(items) * self.num_neg)
         valid = (train_keys != tf.repeat(items, self.num_neg)) & (train_rows >= 0)
         return {
-            "test_users": self.user_embedding.slots(users[:tested]),
-            "test_items": test_items,
+            "test_users": tf.stop_gradient(test_user_rows),
+            "test_items": tf.stop_gradient(test_item_rows),
             "test_duplicates": duplicates,
             "users": user_rows,
             "items": item_rows,
@@ -156,11 +163,12 @@ class OnlineNeuMF(neumf_model.NeuMF):
         loss = neumf_model.weighted_sigmoid_cross_entropy(logits, labels, valid)
         loss /= tf.maximum(tf.reduce_sum(valid), 1.0)
         block = self.prequential_negatives + 1
-        tested = rows(self.user_embedding, resolved["test_users"])
+        test_items = resolved["test_items"]
         test_logits = self.score(
-            tf.repeat(tested, block, axis=0), rows(self.item_embedding, resolved["test_items"])
+            tf.repeat(resolved["test_users"], block, axis=0),
+            tf.reshape(test_items, [-1, test_items.shape[-1]]),
         )
-        test_logits = tf.stop_gradient(tf.reshape(tf.cast(test_logits, tf.float32), [-1, block]))
+        test_logits = tf.reshape(tf.cast(test_logits, tf.float32), [-1, block])
         hits, gains = neumf_model.compute_hr_ndcg(
             test_logits, resolved["test_duplicates"], self.top_k
         )
