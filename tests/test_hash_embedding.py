@@ -168,3 +168,93 @@ def test_serialization_round_trip():
 def test_bad_arguments_are_rejected(kwargs):
     with pytest.raises(ValueError):
         HashEmbedding(**{"embedding_size": 4, **kwargs})
+
+
+class _TableModel:
+    """A plain Python model of HashEmbedding's id-to-row bookkeeping, written from its
+    documented rules: each training step refreshes the rows of the ids it holds, frees
+    rows unseen for more than `evict` steps (and every `evict` steps forgets pending
+    sightings as old), counts sightings of ids without a row, and admits those that
+    reach `permit`, in order of first appearance, into the lowest free rows while any
+    remain (the rest are rejected and start counting again)."""
+
+    def __init__(self, capacity: int, permit: int, evict: int | None) -> None:
+        self.capacity, self.permit, self.evict = capacity, permit, evict
+        self.row_of: dict = {}
+        self.last_seen = [-1] * capacity
+        self.pending: dict = {}  # id -> [sightings, last step seen]
+        self.step = 0
+
+    def train(self, ids: list) -> list[int]:
+        self.step += 1
+        unique = list(dict.fromkeys(ids))
+        missing = [key for key in unique if key not in self.row_of]
+        for key in unique:
+            if key in self.row_of:
+                self.last_seen[self.row_of[key]] = self.step
+        if self.evict is not None:
+            for key, row in list(self.row_of.items()):
+                if self.step - self.last_seen[row] > self.evict:
+                    del self.row_of[key]
+                    self.last_seen[row] = -1
+            if self.permit > 1 and self.step % self.evict == 0:
+                for key, (_, seen) in list(self.pending.items()):
+                    if self.step - seen > self.evict:
+                        del self.pending[key]
+        ready = []
+        for key in missing:
+            sightings = self.pending.pop(key, [0, 0])[0] + ids.count(key)
+            if sightings >= self.permit:
+                ready.append(key)
+            else:
+                self.pending[key] = [sightings, self.step]
+        free = [row for row in range(self.capacity) if self.last_seen[row] < 0]
+        for key, row in zip(ready, free, strict=False):
+            self.row_of[key] = row
+            self.last_seen[row] = self.step
+        return [self.row_of.get(key, -1) for key in ids]
+
+
+@pytest.mark.parametrize(
+    "key_dtype, capacity, permit, evict, seed",
+    [
+        ("int64", 6, 1, 1, 0),
+        ("int64", 6, 1, 3, 1),
+        ("int64", 4, 2, 2, 2),
+        ("int64", 8, 3, 4, 3),
+        ("string", 5, 1, 2, 4),
+    ],
+)
+def test_no_two_ids_ever_share_a_row_and_evicted_ids_lose_theirs(
+    key_dtype, capacity, permit, evict, seed
+):
+    """Random admissions and evictions, checked step by step against `_TableModel`:
+    every id (seen or not) resolves to the modelled row or to none."""
+    layer = HashEmbedding(
+        2,
+        key_dtype=key_dtype,
+        capacity=capacity,
+        permit_filter_value=permit,
+        evict_filter_value=evict,
+    )
+    layer.build()
+    dtype = tf.as_dtype(key_dtype)
+    train = tf.function(
+        lambda ids: layer.slots(ids, training=True), input_signature=[tf.TensorSpec([None], dtype)]
+    )
+    universe = list(range(3 * capacity))
+    as_key = (lambda i: str(i).encode()) if key_dtype == "string" else (lambda i: i)
+    probe = tf.constant([as_key(i) for i in universe], dtype)
+    model = _TableModel(capacity, permit, evict)
+    rng = np.random.default_rng(seed)
+    for _ in range(150):
+        batch = rng.choice(universe, size=rng.integers(1, 2 * capacity)).tolist()
+        keys = [as_key(i) for i in batch]
+        assert train(tf.constant(keys, dtype)).numpy().tolist() == model.train(keys)
+        rows = layer.slots(probe).numpy()
+        assert rows.tolist() == [model.row_of.get(as_key(i), -1) for i in universe]
+        held = rows[rows >= 0]
+        assert len(set(held.tolist())) == len(held)  # no two ids alias a row
+        np.testing.assert_array_equal(layer.slot_keys.numpy()[held], probe.numpy()[rows >= 0])
+    assert int(layer.num_evicted.numpy()) > 0 and int(layer.num_admitted.numpy()) > capacity
+    assert int(layer.num_rejected.numpy()) > 0  # full tables were met too
