@@ -181,7 +181,9 @@ def make_callbacks(config: OnlineConfig) -> list:
 
 
 def run(config: OnlineConfig) -> dict:
-    """Trains until a stop condition or signal; returns the run summary."""
+    """Trains until a stop condition or signal; returns the run summary (whose
+    ``dead_letters`` counts every run since a clean start: the count travels in the
+    checkpointed stream position)."""
     if config.seed is not None:
         tf.keras.utils.set_random_seed(config.seed)
     if config.clean and tf.io.gfile.exists(config.model_dir):

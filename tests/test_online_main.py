@@ -4,6 +4,7 @@ dead letters, exports polled while written, bad flags."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
@@ -101,9 +102,11 @@ def _finish(process: subprocess.Popen, out: str, tmp_path, name: str, timeout=24
     return text
 
 
-def _wait_for(condition, timeout: float = 180, what: str = "") -> None:
+def _wait_for(condition, timeout: float = 180, what: str = "", process=None) -> None:
+    """Waits for `condition`; fails at once if `process` (the trainer) dies first."""
     deadline = time.monotonic() + timeout
     while not condition():
+        assert process is None or process.poll() is None, f"the trainer died before {what}"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
 
@@ -116,36 +119,49 @@ def _stream_ids(client) -> list[str]:
     return [entry_id.decode() for entry_id, _ in client.xrange("events")]
 
 
-def _checkpoint_state(path: str) -> tuple[int, str]:
-    """Step and table digest of a checkpoint, read by a fresh model in this process."""
+def _checkpoint_state(path: str) -> tuple[int, str, dict]:
+    """Step, table digest and stream position of a checkpoint, read by a fresh model in
+    this process."""
     rec_model = online_ncf.build_rec_model(MODEL)
     rec_model.checkpoint.read(path).assert_existing_objects_matched()
-    return int(rec_model.step.numpy()), online_main.table_digest(rec_model.network)
+    rec_model.after_restore()
+    step, digest = int(rec_model.step.numpy()), online_main.table_digest(rec_model.network)
+    return step, digest, rec_model.position
 
 
-def test_kill_9_and_restart_trains_every_event_with_bounded_duplicates(redis_server, tmp_path):
-    audit, model_dir = tmp_path / "trained.txt", tmp_path / "model"
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    milliseconds, sequence = entry_id.split("-")
+    return int(milliseconds), int(sequence)
+
+
+def _summary_step(text: str) -> int:
+    return int(re.search(r"step (\d+), prequential", text).group(1))
+
+
+def test_kill_9_and_restart_trains_every_event_after_the_checkpoint_again(redis_server, tmp_path):
+    model_dir = tmp_path / "model"
+    first_audit, second_audit = tmp_path / "first.txt", tmp_path / "second.txt"
     flags = [
         f"--redis_url={redis_server.url}",
         f"--model_dir={model_dir}",
-        f"--trained_events_log={audit}",
         f"--checkpoint_every_steps={CHECKPOINT_STEPS}",
         "--checkpoint_every_secs=600",
     ]
+    client = redis_server.client()
+    client.xadd("events", {"user": 1, "item": 2})  # dead-lettered by the first process
     publisher = _Publisher(redis_server, _events(4000, seed=0), rate=1500)
     publisher.start()
-    first, _ = _start(tmp_path, "first", *flags)
+    first, _ = _start(tmp_path, "first", *flags, f"--trained_events_log={first_audit}")
     _wait_for(
-        lambda: len(_lines(audit)) >= 1500 and tf.train.latest_checkpoint(str(model_dir)),
+        lambda: len(_lines(first_audit)) >= 1500 and tf.train.latest_checkpoint(str(model_dir)),
         what="training and a checkpoint",
+        process=first,
     )
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    killed_at = len(_lines(audit))
     checkpoint = tf.train.latest_checkpoint(str(model_dir))
-    step, digest = _checkpoint_state(checkpoint)
+    step, digest, position = _checkpoint_state(checkpoint)
     publisher.join()
-    client = redis_server.client()
     for bad in (
         {"json": "{oops"},
         {"user": 1, "item": 2},
@@ -154,21 +170,143 @@ def test_kill_9_and_restart_trains_every_event_with_bounded_duplicates(redis_ser
         client.xadd("events", bad)
     _Publisher(redis_server, _events(1000, seed=1), rate=1e6).run()
 
-    second, out = _start(tmp_path, "second", *flags, "--idle_timeout_secs=3")
+    second, out = _start(
+        tmp_path, "second", *flags, f"--trained_events_log={second_audit}", "--idle_timeout_secs=3"
+    )
     text = _finish(second, out, tmp_path, "second")
 
     restored = re.search(r"restored (\S+): step=(\d+) users=\d+ items=\d+ tables=(\w+)", text)
     assert restored, text
     assert restored.group(1) == checkpoint and int(restored.group(2)) == step
     assert restored.group(3) == digest  # the same hash-table contents
-    assert step > 0 and killed_at < 4000  # it was killed in the middle
-    trained = collections.Counter(_lines(audit))
+    first_trained = _lines(first_audit)
+    assert step > 0 and len(first_trained) < 4000  # it was killed in the middle
     dead = {fields[b"id"].decode() for _, fields in client.xrange("events:dead")}
-    assert set(_stream_ids(client)) - dead <= set(trained), "an event was never trained"
-    duplicates = sum(count - 1 for count in trained.values())
-    assert duplicates <= CHECKPOINT_STEPS * BATCH
-    assert "dead letters 3" in text and client.xlen("events:dead") == 3
+    events = [entry_id for entry_id in _stream_ids(client) if entry_id not in dead]
+    after = [entry_id for entry_id in events if _entry_key(entry_id) > _entry_key(position["id"])]
+    # The restarted process was handed exactly the events after its checkpoint, once
+    # each; those before it were trained by the killed process, in its checkpoint.
+    second_trained = _lines(second_audit)
+    assert sorted(second_trained) == sorted(after) and len(set(second_trained)) == len(after)
+    assert set(events) - set(after) <= set(first_trained)
+    assert len(set(first_trained) & set(second_trained)) <= CHECKPOINT_STEPS * BATCH
+    # One dead letter before the kill and three after: each recorded once, and the
+    # summary counts all four (the first travelled in the checkpoint or was read again).
+    assert "dead letters 4" in text and client.xlen("events:dead") == 4
     assert client.xpending("events", "trainer")["pending"] == 0  # all acknowledged
+
+
+# Entries no example can be made of, one of each kind.
+MALFORMED_ENTRIES = (
+    {"user": "99999999999999999999999", "item": 1, "timestamp": 1},
+    {"json": '{"user": 1, "item": 18446744073709551616, "timestamp": 1}'},
+    {"json": '{"user": 1, "item": 2, "timestamp": NaN}'},
+    {"user": -3, "item": 1, "timestamp": 1},
+    {"user": "7" * 100_000, "item": 1, "timestamp": 1},
+    {"user": b"\xff", "item": 1, "timestamp": 1},
+    {"user": 1, "item": 2},
+)
+
+
+def test_a_crash_before_the_first_checkpoint_dead_letters_once_and_exports_above_it(
+    redis_server, tmp_path
+):
+    client = redis_server.client()
+    events = _events(600, seed=4)
+    _Publisher(redis_server, events[:300], rate=1e6).run()
+    bad_ids = [client.xadd("events", fields).decode() for fields in MALFORMED_ENTRIES]
+    _Publisher(redis_server, events[300:], rate=1e6).run()
+    model_dir, export_base = tmp_path / "model", tmp_path / "export"
+    flags = [
+        f"--redis_url={redis_server.url}",
+        f"--model_dir={model_dir}",
+        f"--export_dir={export_base}",
+        "--export_every_steps=2",
+        "--checkpoint_every_steps=100000",
+        "--checkpoint_every_secs=600",
+    ]
+    first_audit = tmp_path / "first.txt"
+    first, _ = _start(tmp_path, "first", *flags, f"--trained_events_log={first_audit}")
+    _wait_for(
+        lambda: len(_lines(first_audit)) == 600 and export.versions(str(export_base)),
+        what="every event trained and an export",
+        process=first,
+    )
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    assert tf.train.latest_checkpoint(str(model_dir)) is None  # killed before any
+    crashed_versions = export.versions(str(export_base))
+
+    second, out = _start(tmp_path, "second", *flags, "--idle_timeout_secs=3")
+    text = _finish(second, out, tmp_path, "second")
+    assert "restored" not in text  # from nothing: every event read again
+    dead = client.xrange("events:dead")
+    assert [entry_id.decode() for entry_id, _ in dead] == bad_ids  # once each, by entry id
+    assert [fields[b"id"].decode() for _, fields in dead] == bad_ids
+    assert all(len(fields[b"payload"]) < 2000 for _, fields in dead)
+    assert "dead letters 7" in text
+    assert client.xpending("events", "trainer")["pending"] == 0
+    # The restarted run's versions are all above the crashed run's, and the newest is
+    # its final model.
+    kept = export.versions(str(export_base))
+    assert min(kept) > max(crashed_versions)
+    newest = export.read_info(export.latest_export(str(export_base)))
+    assert newest["step"] == _summary_step(text)
+    assert not [name for name in os.listdir(export_base) if name.startswith(".")]
+    assert newest["position"] == {"id": _stream_ids(client)[-1], "dead_letters": 7}
+
+    more_bad = [client.xadd("events", fields).decode() for fields in MALFORMED_ENTRIES[:2]]
+    _Publisher(redis_server, _events(100, seed=5), rate=1e6).run()
+    third, out = _start(tmp_path, "third", *flags, "--idle_timeout_secs=3")
+    text = _finish(third, out, tmp_path, "third")
+    assert "restored" in text and "dead letters 9" in text  # the total over the runs
+    assert [e.decode() for e, _ in client.xrange("events:dead")] == bad_ids + more_bad
+
+
+def _write_lines(path, lines: list[str]) -> None:
+    with open(path, "a") as out:
+        out.writelines(line + "\n" for line in lines)
+
+
+def test_event_folder_lines_that_are_no_examples_are_dead_lettered_once_across_restarts(
+    tmp_path,
+):
+    events_dir, model_dir = tmp_path / "events", tmp_path / "model"
+    events_dir.mkdir()
+    good = [f'{{"user": {u}, "item": {i}, "timestamp": {t}}}' for u, i, t in _events(400, 6)]
+    bad = [
+        '{"user": 99999999999999999999999, "item": 1, "timestamp": 1}',
+        '{"user": 1, "item": 2, "timestamp": NaN}',
+        '{"user": -1, "item": 2, "timestamp": 1}',
+        '{"user": "' + "7" * (2 << 20) + '", "item": 1, "timestamp": 1}',  # > a 1 MiB read
+        '{"user": 1, "item": 2}',
+    ]
+    _write_lines(events_dir / "a.jsonl", good[:200] + bad + good[200:])
+    _write_lines(events_dir / "b.csv", ["1,2,3", "9223372036854775808,1,1", "4,5,6"])
+    dead_file = tmp_path / "dead.jsonl"
+    flags = [
+        f"--events_dir={events_dir}",
+        f"--model_dir={model_dir}",
+        f"--dead_letter_file={dead_file}",
+        "--idle_timeout_secs=3",
+    ]
+    first_audit, second_audit = tmp_path / "first.txt", tmp_path / "second.txt"
+    first, out = _start(tmp_path, "first", *flags, f"--trained_events_log={first_audit}")
+    text = _finish(first, out, tmp_path, "first")
+    assert "dead letters 6" in text
+    assert len(_lines(first_audit)) == len(set(_lines(first_audit))) == 402
+    letters = [json.loads(line) for line in open(dead_file)]
+    assert sorted(letter["id"].split(":")[0] for letter in letters) == ["a.jsonl"] * 5 + ["b.csv"]
+    assert sum("longer than the 1,048,576 read at once" in x["error"] for x in letters) == 1
+
+    _write_lines(events_dir / "a.jsonl", [bad[0], good[0]])
+    _write_lines(events_dir / "b.csv", ["x,1,1"])
+    second, out = _start(tmp_path, "second", *flags, f"--trained_events_log={second_audit}")
+    text = _finish(second, out, tmp_path, "second")
+    assert "dead letters 8" in text  # the total over both runs
+    ids = [json.loads(line)["id"] for line in open(dead_file)]
+    assert len(ids) == len(set(ids)) == 8
+    assert len(_lines(second_audit)) == 1  # only the new good line
 
 
 def test_redis_restart_during_training_loses_nothing(redis_server, tmp_path):
@@ -244,7 +382,10 @@ def test_exports_are_never_seen_half_written(tmp_path):
     assert len(seen) >= 2, text
     assert len(export.versions(str(export_base))) == 2
     final = export.latest_export(str(export_base))
-    assert export.read_info(final)["position"] == {"a.csv": os.path.getsize(events_dir / "a.csv")}
+    assert export.read_info(final)["position"] == {
+        "offsets": {"a.csv": os.path.getsize(events_dir / "a.csv")},
+        "dead_letters": 0,
+    }
     assert not [n for n in os.listdir(export_base) if n.startswith(".")]  # no leftovers
 
 
