@@ -26,6 +26,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from official.utils.logs import mlperf_helper
+from official.utils.misc import errors
 from recommendation import constants, data_preprocessing, stat_utils
 from recommendation.data_preprocessing import PreprocessedData
 
@@ -46,6 +48,10 @@ _CHUNK = 1 << 20  # sampling work unit (points); fixed so output ignores worker 
 _EVAL_CHUNK_USERS = 4096
 # Producer threads: about 0.75 x cores leaves room for the trainer.
 DEFAULT_NUM_WORKERS = max(1, int(0.75 * (os.cpu_count() or 1)))
+
+
+# Starts the one line the producer writes to its log when its files cannot be written.
+FAILURE_PREFIX = "error: "
 
 
 class ProducerStopped(Exception):
@@ -505,6 +511,9 @@ def main(argv: list[str]) -> None:
         # Reparented: the trainer died without stopping us (e.g. kill -9).
         return os.getppid() != parent or not tf.io.gfile.exists(run_dir)
 
+    # Ctrl-C in a terminal reaches the whole process group: the trainer decides what
+    # happens, and stops this process itself (SIGTERM) once it has.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         run(run_dir, trainer_gone)
     except ProducerStopped:
@@ -512,6 +521,10 @@ def main(argv: list[str]) -> None:
         if os.getppid() != parent and tf.io.gfile.exists(run_dir):
             tf.io.gfile.rmtree(run_dir)  # nobody else will clean up
         sys.exit(0)
+    except (OSError, tf.errors.OpError) as error:
+        # A full disk, a read-only folder: the trainer reports this line as the cause.
+        print(f"{FAILURE_PREFIX}{errors.os_message(error)}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ watches the process and its progress file: if the producer exits or makes no
 progress for `stall_timeout_sec`, the wait raises `ProducerError` naming the exit
 status and the producer's log, so the trainer never hangs and never reads a folder
 before its ready file exists. The producer and the run folder are removed on normal
-exit, on exceptions and on SIGINT/SIGTERM.
+exit and on exceptions, `signals.Interrupted` (SIGINT/SIGTERM, raised while waiting)
+included.
 
 The input functions read a folder's shards with parallel, deterministic interleaving,
 parse one record into one whole batch and give static shapes, so steps compile once
@@ -18,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -127,7 +127,6 @@ class DataProducer:
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._stop_thread = threading.Event()
-        self._previous_sigterm = None
 
     # -- life cycle ---------------------------------------------------------
 
@@ -141,9 +140,6 @@ class DataProducer:
     def start(self) -> None:
         """Starts the producer, waits for it to be alive and hands it the parameters."""
         tf.io.gfile.makedirs(self.run_dir)
-        if threading.current_thread() is threading.main_thread():
-            # SIGTERM becomes SystemExit so `stop` still runs and nothing is left behind.
-            self._previous_sigterm = signal.signal(signal.SIGTERM, signals.raise_system_exit)
         if self.use_subprocess:
             with open(self.log_path, "ab") as log:
                 self._process = subprocess.Popen(
@@ -191,9 +187,6 @@ class DataProducer:
         if self._thread is not None:
             self._stop_thread.set()
             self._thread.join(timeout=60)
-        if self._previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
         if tf.io.gfile.exists(self.run_dir):
             tf.io.gfile.rmtree(self.run_dir)
 
@@ -234,6 +227,7 @@ class DataProducer:
         progress_path = os.path.join(self.run_dir, constants.PROGRESS_FILE)
         last_progress, last_change = None, time.monotonic()
         while not tf.io.gfile.exists(path):
+            signals.check()
             self._check_producer(what)
             progress = _mtime(progress_path)
             if progress != last_progress:
@@ -252,6 +246,13 @@ class DataProducer:
         if self._process is not None:
             status = self._process.poll()
             if status is not None:
+                cause = _failure(self.log_path)
+                if cause:
+                    raise ProducerError(
+                        f"the data producer failed while the trainer waited for {what}: "
+                        f"{cause}; it writes under {self.run_dir} (move it with --cache_dir "
+                        f"to a writable folder with free space); its log is {self.log_path}"
+                    )
                 raise ProducerError(
                     f"the data producer exited with status {status} while the trainer waited "
                     f"for {what}; its log is {self.log_path}:\n{_tail(self.log_path)}"
@@ -269,6 +270,16 @@ def _mtime(path: str) -> int | None:
         return tf.io.gfile.stat(path).mtime_nsec
     except tf.errors.NotFoundError:
         return None
+
+
+def _failure(path: str) -> str:
+    """The producer's own account of why it could not go on (its last `error:` line)."""
+    try:
+        with open(path, errors="replace") as log:
+            found = [line for line in log if line.startswith(data_async_generation.FAILURE_PREFIX)]
+    except OSError:
+        return ""
+    return found[-1][len(data_async_generation.FAILURE_PREFIX) :].strip() if found else ""
 
 
 def _tail(path: str, lines: int = 10) -> str:

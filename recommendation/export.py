@@ -43,8 +43,8 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from official.utils.misc import distribution_utils
-from official.utils.misc.runner import Runner
+from official.utils.misc import distribution_utils, errors
+from official.utils.misc.runner import ModelDirError, Runner
 from recommendation import constants, data_preprocessing, movielens, ncf_common, neumf_model
 from recommendation.data_preprocessing import PreprocessedData
 from recommendation.neumf_model import NeuMF
@@ -304,7 +304,8 @@ def export_from_checkpoint(config: ncf_common.NcfConfig) -> float | None:
     """Exports the latest checkpoint in ``config.model_dir`` (see `export_serving`).
 
     Raises:
-        ExportError: no checkpoint, or one that does not fit the model flags.
+        ExportError: no checkpoint.
+        ModelDirError: a checkpoint that does not fit the model flags.
         DataError: the data cannot be read.
     """
     if not config.export_dir:
@@ -317,14 +318,7 @@ def export_from_checkpoint(config: ncf_common.NcfConfig) -> float | None:
     runner = Runner(
         neumf_model.model_fn, neumf_model.build_state, params, config.model_dir, strategy
     )
-    try:
-        restored = runner.restore()
-    except (AssertionError, ValueError, tf.errors.OpError) as error:
-        raise ExportError(
-            f"the checkpoint in {config.model_dir} does not fit the model flags "
-            f"(--num_factors, --layers, --dataset): {str(error).splitlines()[0]}"
-        ) from None
-    if not restored:
+    if not runner.restore():
         raise ExportError(
             f"no checkpoint in --model_dir {config.model_dir}; train with ncf-main first"
         )
@@ -335,10 +329,8 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
-    try:
+    with errors.exit_on_user_errors(ExportError, movielens.DataError, ModelDirError, ValueError):
         parity = export_from_checkpoint(config)
-    except (ExportError, movielens.DataError, ValueError) as error:
-        sys.exit(f"error: {error}")
     line = f"exported {config.model_dir} to {config.export_dir}"
     if parity is not None:
         line += f" with {ONNX_FILE} (max |score difference| vs SavedModel {parity:.2g})"

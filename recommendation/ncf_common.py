@@ -165,7 +165,11 @@ class NcfConfig:
         use_synthetic_data: Train on random in-memory batches, no evaluation.
         batches_per_step: Training steps per compiled call.
         enable_xla: XLA-compile the step.
+        use_xla_for_gpu: XLA-compile the step when the strategy runs on GPUs.
+        run_eagerly: Run the steps as plain Python (debugging; no graphs, no XLA).
+        inter_op_threads, intra_op_threads: TensorFlow thread pools (0: its choice).
         distribution_strategy, num_gpus, tpu: Where to run.
+        tpu_zone, tpu_project: Where the TPU named by `tpu` lives.
         worker_hosts, task_index: Multi-worker cluster without TF_CONFIG.
         use_subprocess: Run the data producer as its own process.
         data_stall_timeout_sec: Longest wait for a stalled producer.
@@ -191,9 +195,15 @@ class NcfConfig:
     use_synthetic_data: bool = False
     batches_per_step: int = 1
     enable_xla: bool = False
+    use_xla_for_gpu: bool = False
+    run_eagerly: bool = False
+    inter_op_threads: int = 0
+    intra_op_threads: int = 0
     distribution_strategy: str = "one_device"
     num_gpus: int | None = None
     tpu: str | None = None
+    tpu_zone: str | None = None
+    tpu_project: str | None = None
     worker_hosts: tuple[str, ...] = ()
     task_index: int = -1
     use_subprocess: bool = True
@@ -284,9 +294,21 @@ def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         short_name="hr",
         flag_values=fv,
     )
+    flags.register_validator(
+        "hr_threshold",
+        lambda value: 0.0 < value <= 1.0,
+        message="--hr_threshold must be in (0, 1]: HR@k is the fraction of users hit",
+        flag_values=fv,
+    )
     flags.DEFINE_integer("top_k", 10, "k of HR@k and NDCG@k.", flag_values=fv)
     flags.DEFINE_boolean("use_xla_for_gpu", False, "Compile with XLA when on GPU.", flag_values=fv)
     flags.DEFINE_alias("use_xla", "enable_xla", flag_values=fv)
+    flags.register_multi_flags_validator(
+        ["run_eagerly", "enable_xla"],
+        lambda values: not (values["run_eagerly"] and values["enable_xla"]),
+        message="--run_eagerly runs no graphs, so there is nothing for --enable_xla to compile",
+        flag_values=fv,
+    )
     flags.DEFINE_integer(
         "batches_per_step",
         1,
@@ -456,7 +478,6 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
     """The `NcfConfig` described by parsed NCF flags (with per-dataset defaults)."""
     fv = flag_values
     apply_dataset_defaults(fv)
-    on_gpu = bool(fv.num_gpus) if fv.num_gpus is not None else False
     model = ModelParams(
         num_users=0,
         num_items=0,
@@ -475,6 +496,7 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
         top_k=fv.top_k,
         sparse_updates=fv.sparse_embedding_updates,
         dtype=fv.dtype,
+        loss_scale=flags_core.loss_scale_from_flag(fv.loss_scale),
     )
     return NcfConfig(
         data=data_config_from_flags(fv),
@@ -491,10 +513,16 @@ def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfCon
         seed=fv.seed,
         use_synthetic_data=fv.use_synthetic_data,
         batches_per_step=fv.batches_per_step,
-        enable_xla=fv.enable_xla or (fv.use_xla_for_gpu and on_gpu),
+        enable_xla=fv.enable_xla,
+        use_xla_for_gpu=fv.use_xla_for_gpu,
+        run_eagerly=fv.run_eagerly,
+        inter_op_threads=fv.inter_op_parallelism_threads,
+        intra_op_threads=fv.intra_op_parallelism_threads,
         distribution_strategy=fv.distribution_strategy,
         num_gpus=fv.num_gpus,
         tpu=fv.tpu,
+        tpu_zone=fv.tpu_zone,
+        tpu_project=fv.tpu_gcp_project,
         worker_hosts=tuple(fv.worker_hosts or ()),
         task_index=fv.task_index,
         use_subprocess=fv.use_subprocess,

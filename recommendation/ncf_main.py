@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 
 import tensorflow as tf
@@ -22,9 +21,9 @@ from absl import app, flags, logging
 from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
-from official.utils.misc import distribution_utils
+from official.utils.misc import distribution_utils, errors, signals
 from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import Runner
+from official.utils.misc.runner import ModelDirError, Runner, prepare_model_dir
 from recommendation import (
     data_pipeline,
     data_preprocessing,
@@ -109,10 +108,15 @@ class RunResult:
 
 
 def run(config: NcfConfig) -> RunResult:
-    """Runs training as `config` says."""
+    """Runs training as `config` says.
+
+    Raises:
+        signals.Interrupted: A stop signal arrived (with what was kept, for a resume).
+    """
     start = time.perf_counter()
     if config.export_onnx:
         export.require_onnx()  # before training, not after it
+    distribution_utils.configure_threads(config.inter_op_threads, config.intra_op_threads)
     if config.seed is not None:
         # Same seed, same initial weights; with op determinism, same metrics on CPU.
         tf.keras.utils.set_random_seed(config.seed)
@@ -120,7 +124,11 @@ def run(config: NcfConfig) -> RunResult:
     if config.worker_hosts:
         distribution_utils.configure_cluster(config.worker_hosts, config.task_index)
     strategy = distribution_utils.get_distribution_strategy(
-        config.distribution_strategy, config.num_gpus, config.tpu
+        config.distribution_strategy,
+        config.num_gpus,
+        config.tpu,
+        config.tpu_zone,
+        config.tpu_project,
     )
     replicas = strategy.num_replicas_in_sync
     if config.batch_size % replicas:
@@ -128,15 +136,21 @@ def run(config: NcfConfig) -> RunResult:
     # Before the compliance log opens: by default it lives in model_dir.
     if config.clean and tf.io.gfile.exists(config.model_dir):
         tf.io.gfile.rmtree(config.model_dir)
+    prepare_model_dir(config.model_dir)
     chief = distribution_utils.is_chief(strategy)
     with mlperf_helper.session(config.mlperf if chief else None) as mlperf:
-        data = data_preprocessing.load_or_build(config.data).data
+        with signals.interruptible():  # numpy and file reads only: may stop anywhere
+            data = data_preprocessing.load_or_build(config.data).data
         runner = _make_runner(config, data, strategy)
         benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
         benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
-        if config.use_synthetic_data:
-            return RunResult(_run_synthetic(config, data, runner, start), runner)
-        summary = _train_and_evaluate(config, data, runner, benchmark, mlperf, start)
+        try:
+            if config.use_synthetic_data:
+                return RunResult(_run_synthetic(config, data, runner, start), runner)
+            summary = _train_and_evaluate(config, data, runner, benchmark, mlperf, start)
+        except signals.Interrupted as stop:
+            stop.kept = _kept_for_resume(runner, config)
+            raise
     if config.export_dir and chief:
         parity = export.export_serving(runner, data, config.export_dir, config.export_onnx)
         summary["export_dir"] = config.export_dir
@@ -144,6 +158,19 @@ def run(config: NcfConfig) -> RunResult:
             summary["onnx_max_score_difference"] = parity
     benchmark.log("summary", **summary)
     return RunResult(summary, runner)
+
+
+def _kept_for_resume(runner: Runner, config: NcfConfig) -> str:
+    """What a stopped run leaves for the next one, and how to use it."""
+    latest = runner.latest_checkpoint
+    if latest is None:
+        return "no checkpoint yet; the same command starts over"
+    # Signals are raised between steps, never between an epoch count and its save.
+    done = int(runner.completed_epochs.numpy())
+    return (
+        f"kept {latest} ({done} of {config.train_epochs} epochs done); the same "
+        "command resumes from it, --clean starts over"
+    )
 
 
 def _batches_per_epoch(config: NcfConfig, data: PreprocessedData) -> int:
@@ -174,7 +201,9 @@ def _make_runner(
         config.model_dir,
         strategy,
         steps_per_call=config.batches_per_step,
-        jit_compile=config.enable_xla,
+        jit_compile=config.enable_xla
+        or (config.use_xla_for_gpu and "GPU" in distribution_utils.device_types(strategy)),
+        run_eagerly=config.run_eagerly,
     )
     runner.restore()
     return runner
@@ -216,6 +245,7 @@ def _train_and_evaluate(
         eval_info = producer.eval_data()
         epoch = first_epoch
         for index, epochs in enumerate(cycles):
+            signals.check()
             waited = time.perf_counter()
             info = producer.cycle(index)
             if info.batches_per_epoch != runner.params.steps_per_epoch:
@@ -238,12 +268,7 @@ def _train_and_evaluate(
             epoch += epochs
             runner.completed_epochs.assign(epoch)
             runner.save_checkpoint()
-            mlperf.event("eval_start", epoch_num=epoch - 1)
-            evaluation = runner.evaluate(
-                lambda: data_pipeline.eval_input_fn(eval_info), eval_info.num_batches
-            )
-            mlperf.event("eval_accuracy", evaluation["hr"], epoch_num=epoch - 1)
-            mlperf.event("eval_stop", epoch_num=epoch - 1)
+            evaluation = _evaluate(runner, eval_info, epoch - 1, mlperf)
             summary["epochs"] = epoch
             summary["train_points"] += train["num_points"]
             summary["train_seconds"] += train["seconds"]
@@ -253,16 +278,33 @@ def _train_and_evaluate(
             if evaluation["hr"] >= config.hr_threshold:
                 summary["time_to_target_s"] = time.perf_counter() - start
                 break
+        if not cycles:
+            # A finished run resumed: nothing to train, so report its restored model.
+            evaluation = _evaluate(runner, eval_info, first_epoch - 1, mlperf)
+            best = {"hr": evaluation["hr"], "ndcg": evaluation["ndcg"], "epoch": first_epoch - 1}
+            summary["resumed_finished_run"] = runner.latest_checkpoint
         reached = summary["time_to_target_s"] is not None
         mlperf.event("run_stop", status=mlperf_helper.SUCCESS if reached else mlperf_helper.ABORTED)
+    trained = summary["train_seconds"] > 0
     summary.update(
         best_hr=best["hr"],
         best_ndcg=best["ndcg"],
         best_epoch=best["epoch"],
         total_seconds=time.perf_counter() - start,
-        examples_per_second=summary["train_points"] / max(summary["train_seconds"], 1e-9),
+        examples_per_second=summary["train_points"] / summary["train_seconds"] if trained else None,
     )
     return summary
+
+
+def _evaluate(runner: Runner, eval_info, epoch: int, mlperf: MlperfLogger) -> dict:
+    """HR and NDCG of the model as it is, logged as the evaluation after `epoch`."""
+    mlperf.event("eval_start", epoch_num=epoch)
+    evaluation = runner.evaluate(
+        lambda: data_pipeline.eval_input_fn(eval_info), eval_info.num_batches
+    )
+    mlperf.event("eval_accuracy", evaluation["hr"], epoch_num=epoch)
+    mlperf.event("eval_stop", epoch_num=epoch)
+    return evaluation
 
 
 def _generation_params(
@@ -399,12 +441,18 @@ def summary_line(summary: dict, top_k: int) -> str:
             f"synthetic throughput: {summary['examples_per_second']:,.0f} training "
             f"examples/s over {summary['epochs']} epoch(s)"
         )
+    metrics = f"HR@{top_k}={summary['best_hr']:.4f} NDCG@{top_k}={summary['best_ndcg']:.4f}"
+    if summary.get("resumed_finished_run"):
+        return (
+            f"nothing left to train: {summary['resumed_finished_run']} holds all "
+            f"{summary['epochs']} epochs; its model scores {metrics}. --train_epochs above "
+            f"{summary['epochs']} trains on, --clean starts over"
+        )
     target = summary.get("time_to_target_s")
     reached = f"target reached in {target:.1f} s" if target else "target not reached"
     return (
-        f"best HR@{top_k}={summary['best_hr']:.4f} NDCG@{top_k}={summary['best_ndcg']:.4f} "
-        f"(epoch {summary['best_epoch']}), {summary['epochs']} epochs, {reached}, "
-        f"{summary['examples_per_second']:,.0f} training examples/s, "
+        f"best {metrics} (epoch {summary['best_epoch']}), {summary['epochs']} epochs, "
+        f"{reached}, {summary['examples_per_second']:,.0f} training examples/s, "
         f"{summary['total_seconds']:.1f} s in all"
     )
 
@@ -413,15 +461,14 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
-    try:
-        summary = run(config).summary
-    except (
+    with errors.exit_on_user_errors(
         movielens.DataError,
         data_pipeline.ProducerError,
         export.ExportError,
+        ModelDirError,
         ValueError,
-    ) as error:
-        sys.exit(f"error: {error}")
+    ):
+        summary = run(config).summary
     print(summary_line(summary, config.model.top_k))
 
 

@@ -47,6 +47,7 @@ class ModelParams:
         sparse_updates: Update only the embedding rows a batch touches (lazy Adam)
             instead of dense Adam over whole tables (the MLPerf reference).
         dtype: ``fp32``, ``bf16`` or ``fp16`` compute (variables stay float32).
+        loss_scale: fp16 only: a fixed loss scale, or None for dynamic scaling.
     """
 
     num_users: int
@@ -68,6 +69,7 @@ class ModelParams:
     eval_block_size: int = constants.NUM_EVAL_NEGATIVES + 1
     sparse_updates: bool = False
     dtype: str = "fp32"
+    loss_scale: float | None = None
 
     def __post_init__(self):
         if self.layers[0] % 2:
@@ -82,6 +84,8 @@ class ModelParams:
                 "weight decay shrinks every embedding row each step, which sparse "
                 "updates exist to avoid: use dense updates or no weight decay"
             )
+        if self.loss_scale is not None and self.dtype != "fp16":
+            raise ValueError(f"a loss scale needs fp16 compute, got dtype {self.dtype!r}")
         if self.embedding_init not in EMBEDDING_INITS:
             raise ValueError(
                 f"embedding_init must be one of {sorted(EMBEDDING_INITS)}, "
@@ -366,7 +370,7 @@ def set_learning_rate(optimizer: keras.optimizers.Optimizer, params: ModelParams
 
 def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
     """Adam with the reference's hyper-parameters (AdamW with `weight_decay`); fp16 adds
-    dynamic loss scaling."""
+    dynamic loss scaling unless `params` fixes the scale (`_train_spec` applies that)."""
     adam = LazyAdam if params.sparse_updates else keras.optimizers.Adam
     optimizer = adam(
         learning_rate=params.learning_rate,
@@ -375,7 +379,7 @@ def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
         epsilon=params.epsilon,
         weight_decay=params.weight_decay or None,
     )
-    if params.dtype == "fp16":
+    if params.dtype == "fp16" and params.loss_scale is None:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
 
@@ -467,9 +471,16 @@ def _train_spec(features, labels, params: ModelParams, state: ModelState) -> Mod
         loss = loss_sum / tf.maximum(global_valid, 1.0)
         if model.losses:
             loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        scaled = optimizer.scale_loss(loss)  # identity unless fp16 loss scaling
+        if params.loss_scale is None:
+            scaled = optimizer.scale_loss(loss)  # identity unless dynamic fp16 scaling
+        else:
+            scaled = loss * params.loss_scale
     variables = model.trainable_variables
     gradients = tape.gradient(scaled, variables)
+    if params.loss_scale is not None:
+        # Keras' own fixed scale (`loss_scale_factor`) cannot unscale the sparse
+        # (IndexedSlices) gradients of the embedding tables; keras.ops keeps them sparse.
+        gradients = [keras.ops.divide(g, params.loss_scale) for g in gradients]
     if not params.sparse_updates:
         # MLPerf's reference applies dense Adam to whole embedding tables.
         gradients = [

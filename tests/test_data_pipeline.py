@@ -219,24 +219,24 @@ def test_stalled_producer_raises_after_the_stall_timeout(cache_path, tmp_path):
 def test_crashing_producer_reports_status_and_log(tmp_path):
     params = _params(str(tmp_path / "missing_cache.npz"))
     with DataProducer(params, str(tmp_path)) as producer:
-        with pytest.raises(ProducerError, match=r"(?s)exited with status 1 .*missing_cache"):
+        with pytest.raises(ProducerError, match=r"failed while the trainer waited .*missing_cache"):
             producer.eval_data()
 
 
 _TRAINER = textwrap.dedent("""
-    import sys, time
+    import sys
+    from official.utils.misc import errors
     from recommendation.data_async_generation import GenerationParams
     from recommendation.data_pipeline import DataProducer
     params = GenerationParams(cache_path=sys.argv[1], batch_size=512, eval_users_per_batch=10,
                               num_neg=4, num_eval_negatives=9, epochs_per_cycle=(1,) * 9,
                               seed=1)
-    with DataProducer(params, sys.argv[2]) as producer:
+    # As an entry point runs it: signals end the wait for a cycle that never comes
+    # (the first two are never released, so the producer has no room for a third).
+    with errors.exit_on_user_errors(), DataProducer(params, sys.argv[2]) as producer:
         producer.eval_data()
         print(producer._process.pid, flush=True)
-        # Short sleeps, like the trainer's polling: a signal that lands on one of
-        # TensorFlow's threads is only seen when the main thread next wakes up.
-        for _ in range(6000):
-            time.sleep(0.1)
+        producer.cycle(2)
 """)
 
 
@@ -245,12 +245,17 @@ def test_trainer_signals_leave_no_producer_and_no_files(cache_path, tmp_path, si
     trainer = subprocess.Popen(
         [sys.executable, "-c", _TRAINER, cache_path, str(tmp_path)],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
     producer_pid = int(trainer.stdout.readline())
     trainer.send_signal(signal_number)
     trainer.wait(timeout=60)
+    if signal_number != signal.SIGKILL:
+        stopped = signal.Signals(signal_number).name
+        assert trainer.returncode == 128 + signal_number
+        assert trainer.stderr.read().splitlines()[-1] == f"stopped by {stopped}: nothing was kept"
     for _ in range(600):  # after kill -9 the producer notices its parent is gone
         if not _alive(producer_pid) and not os.listdir(tmp_path):
             break

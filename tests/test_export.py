@@ -14,6 +14,7 @@ import onnxruntime
 import pytest
 import tensorflow as tf
 
+from official.utils.misc.runner import ModelDirError
 from recommendation import constants, export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,25 +174,32 @@ def test_export_from_a_checkpoint(trained_export, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "change,message",
+    "change,error,message",
     [
         pytest.param(
             lambda config, tmp: dict(model_dir=str(tmp / "empty")),
+            export.ExportError,
             "no checkpoint in --model_dir",
             id="no_checkpoint",
         ),
         pytest.param(
             lambda config, tmp: dict(model=dataclasses.replace(config.model, layers=(32, 8))),
-            "does not fit the model flags",
+            ModelDirError,
+            "was made with other model flags or other data .*--clean or another --model_dir",
             id="other_layers",
         ),
         pytest.param(
-            lambda config, tmp: dict(export_dir=None), "--export_dir is required", id="no_dir"
+            lambda config, tmp: dict(export_dir=None),
+            export.ExportError,
+            "--export_dir is required",
+            id="no_dir",
         ),
     ],
 )
-def test_export_from_a_checkpoint_explains_what_is_wrong(trained_export, tmp_path, change, message):
+def test_export_from_a_checkpoint_explains_what_is_wrong(
+    trained_export, tmp_path, change, error, message
+):
     config = dataclasses.replace(trained_export.config, export_dir=str(tmp_path / "export"))
-    with pytest.raises(export.ExportError, match=message):
+    with pytest.raises(error, match=message):
         export.export_from_checkpoint(dataclasses.replace(config, **change(config, tmp_path)))
     assert not os.path.exists(tmp_path / "export")

@@ -20,6 +20,7 @@ from mlperf_logging import compliance_checker
 
 from official.utils.flags import mlperf as mlperf_flags
 from official.utils.logs import mlperf_helper
+from official.utils.misc import signals
 from recommendation import ncf_main, synthetic_data
 from recommendation.data_preprocessing import DataConfig
 from recommendation.ncf_common import NcfConfig
@@ -186,16 +187,14 @@ def test_run_stop_aborted_when_the_run_fails(tmp_path):
 def test_run_stop_aborted_on_sigterm(tmp_path):
     log = str(tmp_path / "terminated.log")
     options = mlperf_helper.MlperfOptions(log_file=log, clear_caches=False)
-    previous = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as stopped:
-        with mlperf_helper.session(options):
+    with signals.stop_on_signals(), pytest.raises(signals.Interrupted) as stopped:
+        with mlperf_helper.session(options), signals.interruptible():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(60)  # the handler interrupts this
-    assert stopped.value.code == 128 + signal.SIGTERM
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
     records = mlperf_helper.read_log(log)
     assert records[0].value is False and "disabled" in records[0].metadata["reason"]
     assert records[-1].key == "run_stop" and records[-1].metadata["status"] == "aborted"
-    assert signal.getsignal(signal.SIGTERM) is previous  # restored
 
 
 def test_merge_orders_by_time_and_drops_a_partial_line(tmp_path):

@@ -4,7 +4,7 @@ from official.utils.flags.base import define_base
 from official.utils.flags.benchmark import define_benchmark
 from official.utils.flags.distribution import define_distribution
 from official.utils.flags.mlperf import define_mlperf, mlperf_options_from_flags
-from official.utils.flags.performance import define_performance
+from official.utils.flags.performance import define_performance, loss_scale_from_flag
 
 __all__ = [
     "define_base",
@@ -12,5 +12,6 @@ __all__ = [
     "define_distribution",
     "define_mlperf",
     "define_performance",
+    "loss_scale_from_flag",
     "mlperf_options_from_flags",
 ]

@@ -37,8 +37,6 @@ from absl import logging
 from mlperf_logging.mllog import constants as mllog_constants
 from mlperf_logging.mllog import mllog
 
-from official.utils.misc import signals
-
 MLLOG, V05 = "mllog", "v0.5"
 FORMATS = (MLLOG, V05)
 DEFAULT_LOG_FILE = "mlperf_compliance.log"
@@ -289,8 +287,7 @@ def session(options: MlperfOptions | None) -> Iterator[MlperfLogger]:
     ):
         logger.event(key, value)
     try:
-        with signals.sigterm_raises_system_exit():
-            yield logger
+        yield logger
     finally:
         if not logger.run_stopped:
             logger.event(mllog_constants.RUN_STOP, status=ABORTED)

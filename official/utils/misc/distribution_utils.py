@@ -27,10 +27,47 @@ def configure_cluster(worker_hosts: list[str] | None, task_index: int) -> int:
     return len(config.get("cluster", {}).get("worker", [])) or 1
 
 
+def configure_threads(inter_op: int, intra_op: int) -> None:
+    """Sets TensorFlow's thread pools (0 leaves TensorFlow's choice).
+
+    They can only be set before TensorFlow runs its first op; asking for other counts
+    after that is an error rather than a silent no-op.
+
+    Raises:
+        ValueError: TensorFlow has started with other counts.
+    """
+    threading = tf.config.threading
+    for name, wanted, get, set_count in (
+        (
+            "inter",
+            inter_op,
+            threading.get_inter_op_parallelism_threads,
+            threading.set_inter_op_parallelism_threads,
+        ),
+        (
+            "intra",
+            intra_op,
+            threading.get_intra_op_parallelism_threads,
+            threading.set_intra_op_parallelism_threads,
+        ),
+    ):
+        if not wanted or get() == wanted:
+            continue
+        try:
+            set_count(wanted)
+        except RuntimeError:
+            raise ValueError(
+                f"--{name}_op_parallelism_threads={wanted} came too late: TensorFlow "
+                f"already runs with {get() or 'its own choice of'} threads"
+            ) from None
+
+
 def get_distribution_strategy(
     distribution_strategy: str = "one_device",
     num_gpus: int | None = None,
     tpu_address: str | None = None,
+    tpu_zone: str | None = None,
+    tpu_project: str | None = None,
 ) -> tf.distribute.Strategy:
     """Returns the strategy the flags describe.
 
@@ -39,6 +76,8 @@ def get_distribution_strategy(
             ``mirrored``, ``multi_worker_mirrored`` or ``tpu``.
         num_gpus: GPUs to use; None means all visible, 0 the CPU.
         tpu_address: TPU name or ``grpc://`` address for ``tpu``.
+        tpu_zone, tpu_project: Where a TPU named by `tpu_address` lives (None: the
+            resolver looks them up from the GCE metadata).
 
     Raises:
         ValueError: an unknown strategy, or more GPUs asked for than exist.
@@ -58,11 +97,22 @@ def get_distribution_strategy(
     if distribution_strategy == "multi_worker_mirrored":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if distribution_strategy == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_address)
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+            tpu=tpu_address, zone=tpu_zone, project=tpu_project
+        )
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(f"unknown --distribution_strategy {distribution_strategy!r}")
+
+
+def device_types(strategy: tf.distribute.Strategy) -> set[str]:
+    """The kinds of device the strategy's replicas run on (``{"CPU"}``, ``{"GPU"}``...)."""
+    if strategy is tf.distribute.get_strategy():  # the default: where ops land
+        return {"GPU"} if tf.config.list_logical_devices("GPU") else {"CPU"}
+    return {
+        tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices
+    }
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

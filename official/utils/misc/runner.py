@@ -11,22 +11,57 @@ and a runner with ``train(input_fn, steps)``, ``evaluate(input_fn, steps)`` and
 - runs several steps per ``tf.function`` call (``steps_per_call``), optionally
   XLA-compiled, to cut Python overhead;
 - splits each global batch of the input into per-replica slices itself, so static
-  shapes hold on every replica and evaluation blocks never straddle replicas.
+  shapes hold on every replica and evaluation blocks never straddle replicas;
+- honours SIGINT/SIGTERM between graph calls only (`signals.check`), never inside
+  one, and ends the input pipeline before anything unwinds further.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import gc
+import logging as py_logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import distribution_utils
+from official.utils.misc import distribution_utils, errors, signals
+
+
+class ModelDirError(Exception):
+    """model_dir cannot be used, or a checkpoint in it cannot be restored or written;
+    the message says what to do."""
+
+
+def prepare_model_dir(model_dir: str) -> None:
+    """Creates `model_dir` and checks that it takes files, before anything is written
+    there (checkpoints, summaries, the MLPerf log).
+
+    Raises:
+        ModelDirError: It is a file, or it cannot be created or written.
+    """
+    if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
+        raise ModelDirError(
+            f"--model_dir {model_dir} is a file, not a folder: give a folder for the "
+            "checkpoints and logs"
+        )
+    probe = os.path.join(model_dir, f".write-test-{os.getpid()}")
+    try:
+        tf.io.gfile.makedirs(model_dir)
+        with tf.io.gfile.GFile(probe, "w") as out:
+            out.write("")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as error:
+        raise ModelDirError(
+            f"cannot write to --model_dir {model_dir} ({errors.os_reason(error)}): choose a "
+            "writable folder"
+        ) from None
 
 
 class Mode(enum.Enum):
@@ -74,9 +109,10 @@ class Runner:
         params: Passed to both.
         model_dir: Checkpoints live here (written by the chief only).
         strategy: The ``tf.distribute`` strategy.
-        steps_per_call: Training steps per ``tf.function`` call.
+        steps_per_call: Steps per ``tf.function`` call (training and evaluation).
         jit_compile: Compile the per-replica step with XLA.
         keep_checkpoints: Checkpoints kept by the manager.
+        run_eagerly: Run the steps as plain Python, no graphs (debugging).
     """
 
     def __init__(
@@ -89,13 +125,15 @@ class Runner:
         steps_per_call: int = 1,
         jit_compile: bool = False,
         keep_checkpoints: int = 3,
+        run_eagerly: bool = False,
     ) -> None:
         self.model_fn = model_fn
         self.params = params
         self.model_dir = model_dir
         self.strategy = strategy
         self.steps_per_call = steps_per_call
-        self.jit_compile = jit_compile
+        self.jit_compile = jit_compile and not run_eagerly
+        self.run_eagerly = run_eagerly
         self.is_chief = distribution_utils.is_chief(strategy)
         with strategy.scope():
             self.state = build_state(params)
@@ -104,11 +142,7 @@ class Runner:
             self.completed_epochs = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="completed_epochs"
             )
-        self._checkpoint = tf.train.Checkpoint(
-            model=self.state.model,
-            optimizer=self.state.optimizer,
-            completed_epochs=self.completed_epochs,
-        )
+        self._checkpoint = self._new_checkpoint()
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, self._checkpoint_dir(), max_to_keep=keep_checkpoints
         )
@@ -121,6 +155,13 @@ class Runner:
 
     # -- checkpoints --------------------------------------------------------
 
+    def _new_checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(
+            model=self.state.model,
+            optimizer=self.state.optimizer,
+            completed_epochs=self.completed_epochs,
+        )
+
     def _checkpoint_dir(self) -> str:
         if self.is_chief:
             return self.model_dir
@@ -129,11 +170,34 @@ class Runner:
         return os.path.join(self.model_dir, f".worker_temp_{task}")
 
     def restore(self) -> bool:
-        """Restores the latest checkpoint in model_dir, if any; True if one was found."""
+        """Restores the latest checkpoint in model_dir, if any; True if one was found.
+
+        Raises:
+            ModelDirError: The checkpoint does not fit this model (other model flags
+                or other data).
+        """
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is None:
             return False
-        self._checkpoint.restore(latest).assert_existing_objects_matched()
+        mismatch = None
+        # Restored through a checkpoint object of its own: a failed restore leaves it
+        # holding the values it could not place, and it warns about each of them when
+        # freed; freed here, quietly, the error below says all there is to say.
+        checkpoint = self._new_checkpoint()
+        with _quiet_tensorflow_warnings():
+            try:
+                status = checkpoint.restore(latest).assert_existing_objects_matched()
+                status.expect_partial()  # every object matched; extras (save_counter) unused
+            except (ValueError, AssertionError, tf.errors.OpError) as error:
+                mismatch = _first_line(str(error))
+            del checkpoint
+            gc.collect()
+        if mismatch is not None:
+            raise ModelDirError(
+                f"the checkpoint {latest} was made with other model flags or other data "
+                f"({mismatch}); resume with the flags it was trained with, or start over "
+                "with --clean or another --model_dir"
+            )
         logging.info(
             "Resumed from %s (step %d, %d epochs done)",
             latest,
@@ -142,13 +206,48 @@ class Runner:
         )
         return True
 
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint in model_dir, or None."""
+        return tf.train.latest_checkpoint(self.model_dir)
+
     def save_checkpoint(self) -> str | None:
-        """Writes a checkpoint numbered by the global step (all workers must call)."""
-        path = self._manager.save(checkpoint_number=self.global_step)
+        """Writes a checkpoint numbered by the global step (all workers must call).
+
+        Raises:
+            ModelDirError: It could not be written (full disk, no permission); what
+                it had written is removed and the previous checkpoint stays the latest.
+        """
+        step = self.global_step
+        try:
+            path = self._manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as error:
+            self._remove_partial_checkpoint(step)
+            kept = self.latest_checkpoint
+            raise ModelDirError(
+                f"could not write checkpoint {step} to {self._checkpoint_dir()} "
+                f"({errors.os_reason(error)}): free space or choose another --model_dir; "
+                f"{f'the last complete checkpoint is {kept}' if kept else 'none was kept'}"
+            ) from None
         if not self.is_chief:
             tf.io.gfile.rmtree(self._checkpoint_dir())
             return None
         return path
+
+    def _remove_partial_checkpoint(self, step: int) -> None:
+        """Deletes what a failed save of checkpoint `step` left (its ``_temp`` folder,
+        files the checkpoint state does not point to)."""
+        prefix = os.path.join(self._checkpoint_dir(), f"ckpt-{step}")
+        if prefix == self.latest_checkpoint:
+            return  # an earlier, complete checkpoint of the same step
+        for path in tf.io.gfile.glob(f"{prefix}_temp*") + tf.io.gfile.glob(f"{prefix}.*"):
+            try:
+                if tf.io.gfile.isdir(path):
+                    tf.io.gfile.rmtree(path)
+                else:
+                    tf.io.gfile.remove(path)
+            except tf.errors.OpError as error:
+                logging.warning("could not remove %s: %s", path, error)
 
     # -- input --------------------------------------------------------------
 
@@ -182,12 +281,7 @@ class Runner:
         return self.strategy.distribute_datasets_from_function(dataset_fn, options)
 
     def _on_accelerator(self) -> bool:
-        if self.strategy is tf.distribute.get_strategy():  # the default: where ops land
-            return bool(tf.config.list_logical_devices("GPU"))
-        return any(
-            tf.DeviceSpec.from_string(device).device_type != "CPU"
-            for device in self.strategy.extended.worker_devices
-        )
+        return distribution_utils.device_types(self.strategy) != {"CPU"}
 
     # -- train / evaluate ---------------------------------------------------
 
@@ -203,7 +297,6 @@ class Runner:
         step = self._step(mode)
         strategy = self.strategy
 
-        @tf.function
         def call(iterator, num_steps):
             totals = None
             for _ in tf.range(num_steps):
@@ -215,7 +308,7 @@ class Runner:
                 totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
             return totals
 
-        return call
+        return call if self.run_eagerly else tf.function(call)
 
     def train(
         self,
@@ -254,7 +347,7 @@ class Runner:
             self._eval_call,
             input_fn,
             steps,
-            steps,
+            self.steps_per_call,
             None,
             finish=lambda s: {
                 "hr": s["hits"] / max(s["num_users"], 1.0),
@@ -264,18 +357,25 @@ class Runner:
         )
 
     def _run(self, call, input_fn, steps, per_call, on_progress, finish) -> dict[str, float]:
+        """`steps` steps in calls of `per_call`; a stop signal is raised between calls."""
         start = time.perf_counter()
         iterator = iter(self.distribute(input_fn))
         sums: dict[str, float] = {}
         done = 0
-        while done < steps:
-            count = min(per_call, steps - done)
-            result = call(iterator, tf.constant(count))
-            for key, value in result.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            done += count
-            if on_progress is not None:
-                on_progress(done, sums)
+        try:
+            while done < steps:
+                signals.check()
+                count = min(per_call, steps - done)
+                result = call(iterator, tf.constant(count))
+                for key, value in result.items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+                done += count
+                if on_progress is not None:
+                    on_progress(done, sums)
+        finally:
+            # Ends the input pipeline's reader threads now, not whenever the frame
+            # holding the iterator is freed (an exception's traceback keeps it).
+            del iterator
         metrics = finish(sums)
         metrics["seconds"] = time.perf_counter() - start
         return metrics
@@ -338,6 +438,22 @@ class Runner:
             if tf.io.gfile.exists(temp_dir):
                 tf.io.gfile.rmtree(temp_dir)
         return export_dir
+
+
+@contextlib.contextmanager
+def _quiet_tensorflow_warnings() -> Iterator[None]:
+    """TensorFlow's Python warnings are dropped while active (errors still show)."""
+    tf_logger = py_logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(py_logging.ERROR)
+    try:
+        yield
+    finally:
+        tf_logger.setLevel(level)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
 
 
 # Sibling folders of an export in progress: ``<export_dir>.tmp-<pid>`` is being

@@ -1,0 +1,50 @@
+"""How entry points end on bad input and on stop signals: one line, the right status.
+
+A user who points a flag at a read-only folder, fills a disk or presses Ctrl-C should
+read one line saying what happened and what to do, not a traceback, and get a status
+a script can test: 1 for an error, 128 + the signal number for a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from collections.abc import Iterator
+
+import tensorflow as tf
+
+from official.utils.misc import signals
+
+
+def os_message(error: Exception) -> str:
+    """An OS or TensorFlow I/O error's message without the graph nodes and op names
+    TensorFlow wraps it in ("/m/ckpt-5_temp/...; No space left on device")."""
+    if isinstance(error, OSError):
+        return f"{error.filename}: {error.strerror}" if error.filename else str(error)
+    message = getattr(error, "message", None) or str(error)
+    return re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]", "", message).strip().splitlines()[0]
+
+
+def os_reason(error: Exception) -> str:
+    """Just the operating system's words in an I/O error ("No space left on device")."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return os_message(error).rsplit(";", 1)[-1].strip()
+
+
+@contextlib.contextmanager
+def exit_on_user_errors(*user_errors: type[Exception]) -> Iterator[None]:
+    """Turns `user_errors` (whose messages say what to do), I/O errors and stop signals
+    into one line on stderr and the exit status; everything else stays a traceback,
+    since it is a bug to report."""
+    with signals.stop_on_signals():
+        try:
+            yield
+        except signals.Interrupted as stop:
+            print(f"{stop}: {stop.kept or 'nothing was kept'}", file=sys.stderr, flush=True)
+            sys.exit(stop.exit_code)
+        except user_errors as error:
+            sys.exit(f"error: {error}")
+        except (OSError, tf.errors.OpError) as error:
+            sys.exit(f"error: {os_message(error)}")
