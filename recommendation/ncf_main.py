@@ -23,7 +23,12 @@ from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
 from official.utils.misc import distribution_utils, errors, signals
 from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import ModelDirError, Runner, prepare_model_dir
+from official.utils.misc.runner import (
+    ModelDirError,
+    Runner,
+    completed_epochs_of,
+    prepare_model_dir,
+)
 from recommendation import (
     data_pipeline,
     data_preprocessing,
@@ -138,19 +143,19 @@ def run(config: NcfConfig) -> RunResult:
         tf.io.gfile.rmtree(config.model_dir)
     prepare_model_dir(config.model_dir)
     chief = distribution_utils.is_chief(strategy)
-    with mlperf_helper.session(config.mlperf if chief else None) as mlperf:
-        with signals.interruptible():  # numpy and file reads only: may stop anywhere
-            data = data_preprocessing.load_or_build(config.data).data
-        runner = _make_runner(config, data, strategy)
-        benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
-        benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
-        try:
+    try:
+        with mlperf_helper.session(config.mlperf if chief else None) as mlperf:
+            with signals.interruptible():  # numpy and file reads only: may stop anywhere
+                data = data_preprocessing.load_or_build(config.data).data
+            runner = _make_runner(config, data, strategy)
+            benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
+            benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
             if config.use_synthetic_data:
                 return RunResult(_run_synthetic(config, data, runner, start), runner)
             summary = _train_and_evaluate(config, data, runner, benchmark, mlperf, start)
-        except signals.Interrupted as stop:
-            stop.kept = _kept_for_resume(runner, config)
-            raise
+    except signals.Interrupted as stop:
+        stop.kept = _kept_for_resume(config)
+        raise
     if config.export_dir and chief:
         parity = export.export_serving(runner, data, config.export_dir, config.export_onnx)
         summary["export_dir"] = config.export_dir
@@ -160,13 +165,12 @@ def run(config: NcfConfig) -> RunResult:
     return RunResult(summary, runner)
 
 
-def _kept_for_resume(runner: Runner, config: NcfConfig) -> str:
-    """What a stopped run leaves for the next one, and how to use it."""
-    latest = runner.latest_checkpoint
+def _kept_for_resume(config: NcfConfig) -> str:
+    """What a stopped run leaves in model_dir for the next one, and how to use it."""
+    latest = tf.train.latest_checkpoint(config.model_dir)
     if latest is None:
         return "no checkpoint yet; the same command starts over"
-    # Signals are raised between steps, never between an epoch count and its save.
-    done = int(runner.completed_epochs.numpy())
+    done = completed_epochs_of(latest)
     return (
         f"kept {latest} ({done} of {config.train_epochs} epochs done); the same "
         "command resumes from it, --clean starts over"

@@ -110,3 +110,27 @@ def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
     assert float(chief["hr"]) == float(other["hr"]) > 0
     assert os.path.exists(tmp_path / "model" / "checkpoint")
     assert not [name for name in os.listdir(tmp_path / "model") if "worker_temp" in name]
+
+
+def test_thread_counts_are_set_before_tensorflow_starts_and_refused_after():
+    script = textwrap.dedent("""
+        import tensorflow as tf
+        from official.utils.misc import distribution_utils
+        distribution_utils.configure_threads(inter_op=2, intra_op=3)
+        tf.constant(1.0) + 1.0  # TensorFlow starts with those pools
+        threading = tf.config.threading
+        print(threading.get_inter_op_parallelism_threads(),
+              threading.get_intra_op_parallelism_threads())
+        try:
+            distribution_utils.configure_threads(inter_op=5, intra_op=3)
+        except ValueError as error:
+            print(error)
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        "2 3",
+        "--inter_op_parallelism_threads=5 came too late: TensorFlow already runs with 2 threads",
+    ]

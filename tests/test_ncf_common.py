@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from absl import flags
 
@@ -67,6 +69,11 @@ def test_model_garden_command_line_still_parses():
             ["--weight_decay=0.1", "--sparse_embedding_updates"],
             "--weight_decay shrinks every embedding row each step: it needs dense updates",
         ),
+        (["--hr_threshold=2"], r"--hr_threshold must be in \(0, 1\]"),
+        (["--hr_threshold=0"], r"--hr_threshold must be in \(0, 1\]"),
+        (["--loss_scale=128"], "--loss_scale scales float16 gradients: it needs --dtype fp16"),
+        (["--loss_scale=x", "--dtype=fp16"], "'dynamic' or a positive number"),
+        (["--run_eagerly", "--enable_xla"], "nothing for --enable_xla to compile"),
     ],
 )
 def test_invalid_flags_are_rejected(args, message):
@@ -95,3 +102,85 @@ def test_ml1m_defaults_apply_only_to_unset_flags():
     assert config.enable_xla and config.train_epochs == 10
     other = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-20m"))
     assert other.model.mf_dim == 8 and other.batch_size == 99000  # the reference's
+
+
+# A value other than the default for every flag of ncf-main; a few need company to pass
+# the validators (and --dataset keeps its presets out of the comparison).
+_OTHER_VALUES = {
+    "dataset": ["--dataset=ml-20m"],
+    "layers": ["--layers=32,16", "--mlp_regularization=0,0"],
+    "mlp_regularization": ["--mlp_regularization=0,0.5,0,0"],
+    "ratings_file": ["--dataset=generic", "--ratings_file=/r.csv"],
+    "distribution_strategy": ["--distribution_strategy=mirrored"],
+    "tpu": ["--tpu=my-tpu"],
+    "tpu_zone": ["--tpu_zone=us-central1-b"],
+    "tpu_gcp_project": ["--tpu_gcp_project=my-project"],
+    "worker_hosts": ["--worker_hosts=a:1,b:2", "--task_index=1"],
+    "task_index": ["--worker_hosts=a:1,b:2", "--task_index=1"],
+    "loss_scale": ["--loss_scale=128", "--dtype=fp16"],
+    "export_onnx": ["--export_onnx", "--export_dir=/e"],
+    "weight_decay": ["--weight_decay=0.1"],
+    "output_ml_perf_compliance_logging": ["--output_ml_perf_compliance_logging"],
+    **{
+        name: ["--output_ml_perf_compliance_logging", f"--{name}={value}"]
+        for name, value in (
+            ("mlperf_log_file", "/l.log"),
+            ("mlperf_log_format", "v0.5"),
+            ("mlperf_submission_org", "Org"),
+            ("mlperf_submission_platform", "Box"),
+            ("mlperf_submission_division", "open"),
+            ("mlperf_submission_status", "cloud"),
+            ("mlperf_clear_caches", "false"),
+        )
+    },
+}
+
+
+def _other_value(flag: flags.Flag) -> list[str]:
+    if flag.name in _OTHER_VALUES:
+        return _OTHER_VALUES[flag.name]
+    if isinstance(flag, flags.BooleanFlag):
+        return [f"--{'no' if flag.default else ''}{flag.name}"]
+    if isinstance(flag.parser, flags.EnumParser):
+        return [f"--{flag.name}={next(v for v in flag.parser.enum_values if v != flag.default)}"]
+    if isinstance(flag.parser, (flags.IntegerParser, flags.FloatParser)):
+        base = flag.default if flag.default is not None else 0
+        value = base / 2 if isinstance(base, float) and 0 < base <= 1 else base + 1
+        return [f"--{flag.name}={value}"]
+    return [f"--{flag.name}=/other"]
+
+
+# Flags that only matter beside others: compared with and without, in that company.
+_CONTEXT = {
+    name: ["--dataset=generic", "--ratings_file=/r.csv"]
+    for name in ("user_column", "item_column", "timestamp_column", "csv_separator")
+}
+
+
+def _config_without_flag_values(*args: str) -> ncf_common.NcfConfig:
+    config = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-20m", *args))
+    return dataclasses.replace(config, flag_values={})
+
+
+def test_every_flag_changes_the_run_it_describes():
+    """No flag may be accepted and then ignored: each one changes the config."""
+    parsed = _parse()
+    ignored = []
+    for name in sorted(parsed):
+        flag = parsed[name]
+        if name != flag.name or name in (
+            "help",
+            "helpfull",
+            "helpshort",
+            "helpxml",
+            "flagfile",
+            "undefok",
+            "dataset",
+            "use_xla",
+        ):
+            continue  # short names, aliases and absl's own flags; --dataset is the baseline
+        context = _CONTEXT.get(name, [])
+        changed = _config_without_flag_values(*context, *_other_value(flag))
+        if changed == _config_without_flag_values(*context):
+            ignored.append(name)
+    assert ignored == []

@@ -6,9 +6,15 @@ import dataclasses
 import glob
 import json
 import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
-from conftest import TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
+import tensorflow as tf
+from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
 
 from official.utils.logs import mlperf_helper
 from official.utils.logs.mlperf_helper import MlperfOptions
@@ -111,3 +117,136 @@ def test_command_line(tmp_path, extra, expect_ok):
 def test_config_is_frozen(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         _config(tmp_path).batch_size = 1
+
+
+def test_a_finished_run_resumed_reports_its_restored_model(tmp_path):
+    first = ncf_main.run(_config(tmp_path, train_epochs=1)).summary
+    again = ncf_main.run(_config(tmp_path, train_epochs=1)).summary
+    checkpoint = tf.train.latest_checkpoint(str(tmp_path / "model"))
+    assert again["resumed_finished_run"] == checkpoint
+    # The restored model on the same evaluation set: the first run's numbers exactly.
+    assert (again["best_hr"], again["best_ndcg"]) == (first["best_hr"], first["best_ndcg"])
+    assert again["train_points"] == 0 and again["examples_per_second"] is None
+    assert ncf_main.summary_line(again, 10) == (
+        f"nothing left to train: {checkpoint} holds all 1 epochs; its model scores "
+        f"HR@10={first['best_hr']:.4f} NDCG@10={first['best_ndcg']:.4f}. --train_epochs "
+        "above 1 trains on, --clean starts over"
+    )
+
+
+def _ncf_main(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    return run_module(
+        "recommendation.ncf_main", *TINY_NCF_MAIN_FLAGS, f"--data_dir={tmp_path / 'data'}", *flags
+    )
+
+
+def _the_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one `error:` line a failed command must end with (and no traceback)."""
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:]
+    return lines[-1]
+
+
+def test_a_model_dir_that_is_a_file_ends_with_one_error_line(tmp_path):
+    (tmp_path / "model").write_text("")
+    result = _ncf_main(tmp_path, f"--model_dir={tmp_path / 'model'}")
+    assert _the_error_line(result) == (
+        f"error: --model_dir {tmp_path / 'model'} is a file, not a folder: give a folder for "
+        "the checkpoints and logs"
+    )
+
+
+def _can_mount_a_private_tmpfs() -> bool:
+    probe = "mount -t tmpfs tmpfs /mnt"
+    return bool(shutil.which("unshare")) and (
+        subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True).returncode == 0
+    )
+
+
+@pytest.mark.skipif(not _can_mount_a_private_tmpfs(), reason="needs unshare -rm (util-linux)")
+def test_a_full_disk_under_model_dir_ends_with_one_line_and_no_partial_checkpoint(tmp_path):
+    # A real full disk: a 64 KiB tmpfs in a private mount namespace, and a model whose
+    # checkpoint needs about 600 KB. Files are listed before the namespace goes away.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    command = " ".join(
+        [sys.executable, "-m", "recommendation.ncf_main", *TINY_NCF_MAIN_FLAGS]
+        + [f"--data_dir={tmp_path / 'data'}", f"--model_dir={disk / 'model'}"]
+        + ["--num_factors=64", "--layers=128,64", "--train_epochs=1"]
+    )
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {disk} && {command}; s=$?; ls -a {disk}/model; exit $s"
+    )
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=ROOT
+    )
+    assert re.fullmatch(
+        rf"error: could not write checkpoint \d+ to {disk / 'model'} \(No space left on "
+        r"device\): free space or choose another --model_dir; none was kept",
+        _the_error_line(result),
+    )
+    left = result.stdout.split()
+    assert [name for name in left if "ckpt" in name or name == "checkpoint"] == [], left
+
+
+def _stop_at(tmp_path, signum: int, milestone: str, name: str) -> tuple[str, int]:
+    """Runs a long ncf-main, sends `signum` once stderr shows `milestone`, checks the
+    stop was clean; returns its last line and the producer's pid."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "recommendation.ncf_main", *TINY_NCF_MAIN_FLAGS]
+        + [f"--data_dir={tmp_path / 'data'}", f"--model_dir={tmp_path / name}"]
+        + ["--train_epochs=60"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    seen, producer = [], None
+    for line in process.stderr:
+        seen.append(line)
+        found = re.search(r"Data producer started \(pid (\d+)\)", line)
+        producer = int(found.group(1)) if found else producer
+        if milestone in line:
+            process.send_signal(signum)
+            break
+    seen += process.stderr.readlines()
+    process.wait(timeout=120)
+    text = "".join(seen)
+    assert process.returncode == 128 + signum, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert not os.path.exists(f"/proc/{producer}"), "the producer outlived the trainer"
+    assert os.listdir(tmp_path / "data" / "synthetic" / "runs") == []
+    return seen[-1].rstrip("\n"), producer
+
+
+@pytest.mark.parametrize(
+    "signum, milestone, resume",
+    [
+        (signal.SIGINT, "Data producer started", False),  # before any checkpoint
+        (signal.SIGTERM, "epoch 1: loss=", True),  # training goes on after the 2nd evaluation
+        (signal.SIGINT, "epoch 3 [", False),  # in the middle of an epoch's progress
+    ],
+)
+def test_a_stop_signal_keeps_the_checkpoint_and_says_how_to_resume(
+    tmp_path, signum, milestone, resume
+):
+    last, _ = _stop_at(tmp_path, signum, milestone, "model")
+    name = signal.Signals(signum).name
+    if last == f"stopped by {name}: no checkpoint yet; the same command starts over":
+        assert tf.train.latest_checkpoint(str(tmp_path / "model")) is None
+        return
+    kept = re.fullmatch(
+        rf"stopped by {name}: kept (\S+) \((\d+) of 60 epochs done\); the same command "
+        "resumes from it, --clean starts over",
+        last,
+    )
+    assert kept, last
+    checkpoint, done = kept.group(1), int(kept.group(2))
+    assert checkpoint == tf.train.latest_checkpoint(str(tmp_path / "model")) and done >= 1
+    if not resume:
+        return
+    resumed = _ncf_main(tmp_path, f"--model_dir={tmp_path / 'model'}", f"--train_epochs={done + 1}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resumed from {checkpoint} " in resumed.stderr
+    assert f"{done + 1} epochs" in resumed.stdout

@@ -362,3 +362,43 @@ def test_mixed_precision_steps_keep_float32_variables(dtype):
             assert isinstance(state.optimizer, keras.optimizers.LossScaleOptimizer)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_fixed_fp16_loss_scale_is_applied_every_step_without_skipping(sparse):
+    # 2**40 overflows float16 gradients: a fixed scale applies the overflow (the
+    # weights turn non-finite); dynamic scaling would skip such a step.
+    results = {}
+    for loss_scale in (None, 2.0**40, 128.0):
+        params = _params(
+            dtype="fp16",
+            loss_scale=loss_scale,
+            sparse_updates=sparse,
+            mlp_regularization=(0.0, 0.0, 0.0),
+        )
+        try:
+            state = neumf_model.build_state(params)
+            before = [w.numpy().copy() for w in state.model.weights]
+            neumf_model.model_fn(
+                _features([1, 2], [3, 4], [True, True]),
+                tf.constant([1.0, 0.0]),
+                Mode.TRAIN,
+                params,
+                state,
+            )
+            after = [w.numpy() for w in state.model.weights]
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        results[loss_scale] = before, after, state.optimizer
+    before, after, optimizer = results[None]
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    assert all(np.isfinite(a).all() for a in after)
+    before, after, optimizer = results[2.0**40]
+    assert not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    assert not all(np.isfinite(a).all() for a in after)
+    before, after, _ = results[128.0]
+    assert all(np.isfinite(a).all() for a in after)
+    user_rows = after[0]  # the user table: rows 1 and 2 trained, the others untouched
+    assert not np.array_equal(before[0][[1, 2]], user_rows[[1, 2]])
+    if sparse:
+        np.testing.assert_array_equal(before[0][[0, 3, 4, 5, 6]], user_rows[[0, 3, 4, 5, 6]])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import subprocess
 import sys
 
@@ -11,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from official.utils.misc.runner import Runner
+from official.utils.misc import signals
+from official.utils.misc.runner import ModelDirError, Runner, prepare_model_dir
 from recommendation import constants, data_pipeline, neumf_model
 from recommendation.neumf_model import ModelParams
 
@@ -21,15 +24,16 @@ PARAMS = ModelParams(
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _runner(model_dir: str, steps_per_call: int = 1) -> Runner:
+def _runner(model_dir: str, steps_per_call: int = 1, **options) -> Runner:
     keras.utils.set_random_seed(0)
     return Runner(
-        neumf_model.model_fn,
+        options.pop("model_fn", neumf_model.model_fn),
         neumf_model.build_state,
         PARAMS,
         model_dir,
         tf.distribute.OneDeviceStrategy("/cpu:0"),
         steps_per_call=steps_per_call,
+        **options,
     )
 
 
@@ -208,3 +212,100 @@ def test_an_export_moved_aside_by_a_killed_export_is_put_back(tmp_path):
         runner.export_saved_model(str(tmp_path / "export"), _serving, finalize=_fail)
     assert _exports(tmp_path) == ["export"]
     assert tf.saved_model.contains_saved_model(str(tmp_path / "export"))
+
+
+def test_run_eagerly_runs_the_step_as_python_every_step(tmp_path):
+    calls = {"graph": 0, "eager": 0}
+
+    def counting(kind):
+        def model_fn(*args):
+            calls[kind] += 1  # Python runs this once per trace, or once per eager step
+            return neumf_model.model_fn(*args)
+
+        return model_fn
+
+    graph = _runner(str(tmp_path / "g"), steps_per_call=5, model_fn=counting("graph"))
+    eager = _runner(str(tmp_path / "e"), 5, model_fn=counting("eager"), run_eagerly=True)
+    for runner in (graph, eager):
+        runner.train(_input_fn, 5)
+    traced = calls["graph"]
+    for runner in (graph, eager):
+        runner.train(_input_fn, 5)
+    assert calls == {"graph": traced, "eager": 10}  # graphs run without Python
+    for left, right in zip(_weights(graph), _weights(eager), strict=True):
+        np.testing.assert_allclose(left, right, rtol=1e-5, atol=1e-7)
+
+
+def test_a_stop_signal_ends_training_and_evaluation_between_calls(tmp_path):
+    runner = _runner(str(tmp_path), steps_per_call=2)
+    done = []
+
+    def stop_after_the_first_call(steps, sums):
+        done.append(steps)
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded; raised before the next call
+
+    with signals.stop_on_signals(), pytest.raises(signals.Interrupted):
+        runner.train(_input_fn, 10, stop_after_the_first_call)
+    assert done == [2] and runner.global_step == 2
+    eval_calls = []
+    original = runner._make_call
+
+    def counted(mode):
+        call = original(mode)
+
+        def wrapped(iterator, num_steps):
+            eval_calls.append(int(num_steps))
+            os.kill(os.getpid(), signal.SIGINT)
+            return call(iterator, num_steps)
+
+        return wrapped
+
+    runner._make_call = counted
+    with signals.stop_on_signals(), pytest.raises(signals.Interrupted):
+        runner.evaluate(_eval_input_fn, 9)
+    assert eval_calls == [2]  # evaluation runs in calls of steps_per_call too
+
+
+def _eval_input_fn():
+    rng = np.random.default_rng(0)
+    block = PARAMS.eval_block_size
+    features = {
+        constants.USER_COLUMN: rng.integers(0, PARAMS.num_users, (9, 2 * block)).astype(np.int32),
+        constants.ITEM_COLUMN: rng.integers(0, PARAMS.num_items, (9, 2 * block)).astype(np.int32),
+        constants.DUPLICATE_MASK: np.zeros((9, 2 * block), bool),
+        constants.VALID_POINT_MASK: np.ones((9, 2 * block), bool),
+    }
+    return tf.data.Dataset.from_tensor_slices(features)
+
+
+def test_a_model_dir_that_cannot_hold_files_is_refused_up_front(tmp_path):
+    regular_file = tmp_path / "model"
+    regular_file.write_text("not a folder")
+    with pytest.raises(ModelDirError, match=r"--model_dir .*model is a file, not a folder"):
+        prepare_model_dir(str(regular_file))
+    with pytest.raises(
+        ModelDirError, match=r"cannot write to --model_dir .*below \(.*model is not"
+    ):
+        prepare_model_dir(str(regular_file / "below"))
+    prepare_model_dir(str(tmp_path / "new" / "model"))
+    assert os.listdir(tmp_path / "new" / "model") == []  # created, and the probe removed
+
+
+def test_a_checkpoint_of_other_model_flags_is_named_as_such(tmp_path):
+    trained = _runner(str(tmp_path))
+    trained.train(_input_fn, 1)
+    trained.save_checkpoint()
+    wider = Runner(
+        neumf_model.model_fn,
+        neumf_model.build_state,
+        dataclasses.replace(PARAMS, mf_dim=6),
+        str(tmp_path),
+        tf.distribute.OneDeviceStrategy("/cpu:0"),
+    )
+    with pytest.raises(
+        ModelDirError,
+        match=r"the checkpoint .*ckpt-1 was made with other model flags or other data "
+        r"\(.*shape.*\); resume with the flags it was trained with, or start over with "
+        r"--clean or another --model_dir",
+    ):
+        wider.restore()

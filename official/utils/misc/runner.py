@@ -100,6 +100,13 @@ class ModelSpec:
     predictions: dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
 
 
+def completed_epochs_of(checkpoint_path: str) -> int:
+    """The epochs a Runner checkpoint holds, read without building the model."""
+    reader = tf.train.load_checkpoint(checkpoint_path)
+    # The checkpoint key of `Runner.completed_epochs` (its attribute name below).
+    return int(reader.get_tensor("completed_epochs/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
 class Runner:
     """Trains, evaluates and exports one model in `model_dir`.
 
