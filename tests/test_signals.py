@@ -58,3 +58,14 @@ def test_handlers_are_restored_and_nothing_is_pending_afterwards():
         os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is previous
     signals.check()  # the stop belonged to the section that ended
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as nohup starts a process
+    try:
+        with signals.stop_on_signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            signals.check()  # nothing pending
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -88,11 +88,16 @@ def check() -> None:
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Installs the handlers for SIGINT and SIGTERM while active (main thread only,
-    where Python runs signal handlers; elsewhere it changes nothing)."""
+    where Python runs signal handlers; elsewhere it changes nothing). A signal the
+    process was started ignoring (``nohup``, a background job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, _handle) for signum in STOP_SIGNALS}
+    previous = {
+        signum: signal.signal(signum, _handle)
+        for signum in STOP_SIGNALS
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     _State.pending, _State.raised = None, False
     try:
         yield
