@@ -13,8 +13,9 @@ NUM_EVAL_NEGATIVES = 999
 # A preprocessing cache older than this is rebuilt, even if nothing else changed.
 CACHE_INVALIDATION_SEC = 3600 * 24
 
-# Bump when the layout of the preprocessing cache changes; old caches are rebuilt.
-CACHE_FORMAT_VERSION = 1
+# Bump when the layout or the contents of the preprocessing cache change; old caches are
+# rebuilt. 2: repeated (user, item) pairs keep only their latest occurrence.
+CACHE_FORMAT_VERSION = 2
 
 # Column names of the in-memory raw ratings table.
 USER_COLUMN = "user_id"

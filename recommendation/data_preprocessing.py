@@ -1,16 +1,18 @@
-"""Preprocessing: filter users, index ids, sort by time, hold out, and cache the result.
+"""Preprocessing: index ids, drop repeats, filter users, sort by time, hold out, cache.
 
 The reference (TensorFlow Model Garden) does this with a pandas
 ``groupby().filter(lambda ...)``, dict lookups applied row by row and a per-user
 ``apply`` to split off the last rating, which takes minutes on ml-20m. Here every step
 is a whole-array numpy/pandas operation:
 
-1. drop users with fewer than `min_num_ratings` ratings (`np.bincount` of user codes);
-2. map raw ids to dense 0-based indexes in order of first appearance, as the reference
+1. map raw ids to dense 0-based indexes in order of first appearance, as the reference
    does (`pd.factorize`), and keep both maps for serving;
-3. stable sort by (user, timestamp); with ``ml_perf`` ties are first shuffled by an
+2. keep only the latest of repeated (user, item) pairs (a sort of one integer key per
+   pair), so that no held-out item is also a training positive of its user;
+3. drop users with fewer than `min_num_ratings` ratings (`np.bincount` of user codes);
+4. stable sort by (user, timestamp); with ``ml_perf`` ties are first shuffled by an
    unstable quicksort on time, exactly the reference's MLPerf ordering;
-4. hold out each user's last interaction for evaluation; the rest is training, kept
+5. hold out each user's last interaction for evaluation; the rest is training, kept
    in CSR form (`train_offsets`, `train_items`) because negative sampling wants each
    user's items as one slice.
 
@@ -150,36 +152,44 @@ def preprocess(
     raw: RawRatings,
     min_num_ratings: int = constants.MIN_NUM_RATINGS,
     ml_perf: bool = False,
-    drop_duplicates: bool = False,
 ) -> PreprocessedData:
     """Filters, indexes, sorts and splits `raw` (see the module docstring).
 
+    Repeated (user, item) pairs keep only their latest occurrence (largest timestamp,
+    then last in the file), before users are counted: a pair left in training beside
+    its own held-out copy would be an evaluation positive the model was trained on.
+
     Args:
         raw: Interactions in source order.
-        min_num_ratings: Users with fewer interactions are dropped.
+        min_num_ratings: Users with fewer distinct items are dropped.
         ml_perf: Order same-time interactions of a user as the MLPerf reference did
             (an unstable quicksort on time first), instead of by file order.
-        drop_duplicates: Keep only the latest of repeated (user, item) pairs (for
-            generic click logs; MovieLens has none).
 
     Raises:
         DataError: no user has `min_num_ratings` interactions.
     """
     if min_num_ratings < 2:
         raise DataError("min_num_ratings must be at least 2: one to train on, one to hold out")
-    users, items, timestamps = raw.users, raw.items, raw.timestamps
-    if drop_duplicates:
-        users, items, timestamps = _drop_repeated_pairs(users, items, timestamps)
-    # Sorts and factorizations release the GIL, so the (user, time) sort runs in a
-    # worker beside the factorizations (two cores: about a third less time on ml-20m).
-    # The reference's time quicksort starts at once, on all rows: MovieLens never has
-    # users to drop, and when some are dropped it is redone on the rows that are kept.
+    timestamps = raw.timestamps
+    # Sorts and factorizations release the GIL, so the (user, time) sort of every row
+    # runs in a worker beside the item factorization and the search for repeated pairs
+    # (two cores: about a third less time on ml-20m). MovieLens never has rows to drop;
+    # when some are dropped, the stable order of the kept rows is the sorted order with
+    # the others left out, but the reference's unstable time quicksort is redone on them.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as worker:
         by_time = None
         if ml_perf and timestamps is not None:
             by_time = worker.submit(np.argsort, timestamps, kind="quicksort")
-        user_index, user_ids = pd.factorize(users)  # first-appearance order, as the reference
-        user_counts = np.bincount(user_index)
+        user_index, user_ids = pd.factorize(raw.users)  # first-appearance order, as the reference
+        order = worker.submit(_time_order, user_index, timestamps, ml_perf, by_time)
+        item_index, item_ids = pd.factorize(raw.items)
+        repeated = repeated_pair_rows(
+            user_index, item_index, len(user_ids), len(item_ids), timestamps
+        )
+        _log_dropped(len(repeated), "repeated (user, item) pairs, keeping the latest of each")
+        keep = np.ones(len(user_index), dtype=bool)
+        keep[repeated] = False
+        user_counts = np.bincount(user_index[keep], minlength=len(user_ids))
         kept_users = user_counts >= min_num_ratings
         if not kept_users.any():
             raise DataError(
@@ -187,17 +197,19 @@ def preprocess(
                 f"a larger dataset or lower --min_num_ratings"
             )
         if not kept_users.all():
-            keep = kept_users[user_index]
-            # Renumbering the kept codes in order keeps first-appearance order.
-            user_index = (np.cumsum(kept_users) - 1)[user_index[keep]]
-            user_ids = user_ids[kept_users]
-            user_counts = user_counts[kept_users]
-            items = items[keep]
-            timestamps = None if timestamps is None else timestamps[keep]
-            by_time = None
-        order = worker.submit(_time_order, user_index, timestamps, ml_perf, by_time)
-        item_index, item_ids = pd.factorize(items)
+            keep &= kept_users[user_index]
         order = order.result()
+    if not keep.all():
+        # Renumbering the kept codes in order keeps first-appearance order.
+        user_index = (np.cumsum(kept_users) - 1)[user_index[keep]]
+        user_ids = user_ids[kept_users]
+        user_counts = user_counts[kept_users]
+        item_index, first_items = pd.factorize(item_index[keep])
+        item_ids = item_ids[first_items]
+        if by_time is None:
+            order = (np.cumsum(keep) - 1)[order[keep[order]]]
+        else:
+            order = _time_order(user_index, timestamps[keep], ml_perf)
     sorted_items = item_index.astype(constants.INDEX_DTYPE)[order]
     ends = np.cumsum(user_counts)
     is_holdout = np.zeros(len(order), dtype=bool)
@@ -211,12 +223,35 @@ def preprocess(
     )
 
 
-def _drop_repeated_pairs(users, items, timestamps):
-    """Keeps the latest occurrence of each (user, item) pair, in source order."""
-    order = np.arange(len(users)) if timestamps is None else np.argsort(timestamps, kind="stable")
-    pairs = pd.DataFrame({"u": users[order], "i": items[order]})
-    latest = np.sort(order[~pairs.duplicated(keep="last").to_numpy()])
-    return users[latest], items[latest], None if timestamps is None else timestamps[latest]
+def repeated_pair_rows(
+    users: np.ndarray,
+    items: np.ndarray,
+    num_users: int,
+    num_items: int,
+    timestamps: np.ndarray | None = None,
+) -> np.ndarray:
+    """Rows to drop so that each (user, item) pair keeps only its latest occurrence.
+
+    Latest means the largest timestamp, then the last in the file. `users` and `items`
+    are dense indexes, so each pair is one integer key (32 bits up to ml-20m's 3.7 G
+    pairs): sorting the keys tells whether any repeats at a tenth of the cost of a hash
+    table on 20 M rows, and only the rows of repeated pairs are looked at further.
+
+    Returns:
+        Ascending row numbers; empty when no pair repeats (every MovieLens release).
+    """
+    key_type = np.uint32 if num_users * num_items <= 2**32 else np.int64
+    keys = users.astype(key_type) * key_type(num_items) + items.astype(key_type)
+    sorted_keys = np.sort(keys)
+    repeated_keys = np.unique(sorted_keys[1:][sorted_keys[1:] == sorted_keys[:-1]])
+    if len(repeated_keys) == 0:
+        return np.zeros(0, dtype=np.int64)
+    position = np.minimum(np.searchsorted(repeated_keys, keys), len(repeated_keys) - 1)
+    rows = np.flatnonzero(repeated_keys[position] == keys)
+    by_time = () if timestamps is None else (timestamps[rows],)
+    rows = rows[np.lexsort((rows, *by_time, keys[rows]))]  # by pair, then time, then file
+    is_latest = np.append(keys[rows[1:]] != keys[rows[:-1]], True)
+    return np.sort(rows[~is_latest])
 
 
 def _time_order(
@@ -264,6 +299,10 @@ def _stable_argsort_small_ints(values: np.ndarray) -> np.ndarray:
 def from_ncf_split(split: movielens.NcfSplitFiles) -> PreprocessedData:
     """Uses the NCF paper's split as given: its ids are already dense indexes.
 
+    The test and negative files are kept as they are (their rows are the evaluation
+    set); a training pair equal to its user's test pair, which would train on the
+    evaluation positive, is dropped, and repeated training pairs keep their last line.
+
     Raises:
         DataError: the split is not one holdout per user for users 0..n-1.
     """
@@ -282,16 +321,33 @@ def from_ncf_split(split: movielens.NcfSplitFiles) -> PreprocessedData:
                 f"the {name} file has item ids outside the training file's 0.."
                 f"{num_items - 1}; use files from the same release"
             )
-    order = np.argsort(split.train_users, kind="stable")
-    counts = np.bincount(split.train_users, minlength=num_users)
+    keep = split.train_items != split.test_items[split.train_users]
+    _log_dropped(
+        len(keep) - np.count_nonzero(keep),
+        f"training pairs of {split.sources[0]} that are their user's test pair",
+    )
+    keep_rows = np.flatnonzero(keep)
+    repeated = repeated_pair_rows(
+        split.train_users[keep_rows], split.train_items[keep_rows], num_users, num_items
+    )
+    _log_dropped(len(repeated), f"repeated training pairs of {split.sources[0]}")
+    keep[keep_rows[repeated]] = False
+    train_users, train_items = split.train_users[keep], split.train_items[keep]
+    order = np.argsort(train_users, kind="stable")
+    counts = np.bincount(train_users, minlength=num_users)
     return PreprocessedData(
         user_ids=np.arange(num_users, dtype=constants.RAW_ID_DTYPE),
         item_ids=np.arange(num_items, dtype=constants.RAW_ID_DTYPE),
         train_offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        train_items=split.train_items[order].astype(constants.INDEX_DTYPE),
+        train_items=train_items[order].astype(constants.INDEX_DTYPE),
         eval_items=split.test_items.astype(constants.INDEX_DTYPE),
         eval_negatives=split.test_negatives.astype(constants.INDEX_DTYPE),
     )
+
+
+def _log_dropped(count: int, what: str) -> None:
+    if count:
+        logging.warning("Dropped %d %s", count, what)
 
 
 def build(config: DataConfig) -> tuple[PreprocessedData, tuple[str, ...]]:
@@ -310,9 +366,7 @@ def build(config: DataConfig) -> tuple[PreprocessedData, tuple[str, ...]]:
         raw = movielens.read_movielens(
             config.data_dir, config.dataset, config.download_if_missing, config.url_base
         )
-    data = preprocess(
-        raw, config.min_num_ratings, config.ml_perf, drop_duplicates=info.kind == "generic"
-    )
+    data = preprocess(raw, config.min_num_ratings, config.ml_perf)
     return data, raw.sources
 
 

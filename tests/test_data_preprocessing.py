@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import os
 import time
 import zipfile
@@ -12,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import TINY_ROWS, write_movielens
 
-from recommendation import data_preprocessing, movielens
+from recommendation import data_preprocessing, movielens, synthetic_data
 from recommendation.data_preprocessing import DataConfig
 from recommendation.movielens import DataError, RawRatings
 
@@ -50,8 +52,11 @@ def _random_ratings(seed: int, num_rows: int = 5000) -> RawRatings:
 
 
 def _reference_order(raw: RawRatings, ml_perf: bool, min_num_ratings: int) -> pd.DataFrame:
-    """The Model Garden's pandas steps."""
+    """The Model Garden's pandas steps, after keeping only the latest (by time, then file
+    order) of each repeated (user, item) pair."""
     frame = pd.DataFrame({"user": raw.users, "item": raw.items, "timestamp": raw.timestamps})
+    latest = frame.sort_values("timestamp", kind="stable").duplicated(["user", "item"], keep="last")
+    frame = frame[~latest.sort_index()]
     frame = frame.groupby("user").filter(lambda ratings: len(ratings) >= min_num_ratings)
     if ml_perf:
         frame = frame.sort_values(by="timestamp")
@@ -85,11 +90,39 @@ def test_ml_perf_order_differs_only_among_ties():
     np.testing.assert_array_equal(plain.train_offsets, mlperf.train_offsets)
 
 
-def test_generic_duplicates_keep_the_latest():
-    raw = _raw([(1, 5, 1), (1, 6, 2), (1, 5, 9), (1, 7, 3)])
-    data = data_preprocessing.preprocess(raw, min_num_ratings=2, drop_duplicates=True)
-    assert data.item_ids[data.eval_items].tolist() == [5]
-    assert data.item_ids[data.train_items].tolist() == [6, 7]
+@pytest.mark.parametrize(
+    "rows,held_out,trained",
+    [
+        ([(1, 5, 1), (1, 6, 2), (1, 5, 9), (1, 7, 3)], 5, [6, 7]),
+        # Same time: the later line is the latest, so 5 follows 6 in the split.
+        ([(1, 5, 4), (1, 6, 4), (1, 5, 4), (1, 7, 1)], 5, [7, 6]),
+        # User 2 has two lines but one distinct item: below min_num_ratings=2.
+        ([(1, 5, 1), (2, 8, 1), (1, 6, 2), (2, 8, 2)], 6, [5]),
+    ],
+)
+def test_repeated_pairs_keep_the_latest(rows, held_out, trained, caplog):
+    data = data_preprocessing.preprocess(_raw(rows), min_num_ratings=2)
+    assert data.item_ids[data.eval_items].tolist() == [held_out]
+    assert data.item_ids[data.train_items].tolist() == trained
+    assert "Dropped 1 repeated (user, item) pairs, keeping the latest of each" in caplog.text
+
+
+def test_repeated_pairs_without_timestamps_keep_the_last_line():
+    raw = RawRatings(np.array([1, 1, 1, 1]), np.array([5, 6, 5, 7]), None)
+    data = data_preprocessing.preprocess(raw, min_num_ratings=2)
+    assert data.item_ids[data.eval_items].tolist() == [7]
+    assert data.item_ids[data.train_items].tolist() == [6, 5]
+
+
+def test_repeated_pair_rows_by_hand():
+    users, items = np.array([0, 0, 1, 0, 1, 0]), np.array([1, 2, 1, 1, 1, 1])
+    # Pair (0, 1): rows 0 and 3 at t=5 (row 3 is later in the file), row 5 at t=4.
+    times = np.array([5, 3, 2, 5, 1, 4])
+    rows = data_preprocessing.repeated_pair_rows(users, items, 2, 3, times)
+    assert rows.tolist() == [0, 4, 5]
+    assert data_preprocessing.repeated_pair_rows(users, items, 2, 3).tolist() == [0, 2, 3]
+    # Keys past 32 bits take the int64 path.
+    assert data_preprocessing.repeated_pair_rows(users, items, 2**20, 2**20).tolist() == [0, 2, 3]
 
 
 def test_ncf_split_is_used_as_given():
@@ -119,6 +152,92 @@ def test_ncf_split_rejects_items_outside_training_range():
     )
     with pytest.raises(DataError, match="test file has item ids outside"):
         data_preprocessing.from_ncf_split(split)
+
+
+def test_ncf_split_drops_test_pairs_and_repeats_from_training(caplog):
+    split = movielens.NcfSplitFiles(
+        train_users=np.array([0, 0, 0, 1, 0, 1, 1]),
+        train_items=np.array([0, 2, 1, 1, 2, 0, 1]),
+        test_users=np.array([0, 1]),
+        test_items=np.array([2, 0]),
+        test_negatives=np.array([[1], [2]]),
+        sources=("train", "test", "negative"),
+    )
+    data = data_preprocessing.from_ncf_split(split)
+    np.testing.assert_array_equal(data.train_offsets, [0, 2, 3])
+    np.testing.assert_array_equal(data.train_items, [0, 1, 1])
+    np.testing.assert_array_equal(data.eval_items, [2, 0])
+    assert "Dropped 3 training pairs of train that are their user's test pair" in caplog.text
+    assert "Dropped 1 repeated training pairs of train" in caplog.text
+
+
+# ---------------------------------------------------------------------------
+# Repeated pairs, through every source
+
+
+# TINY_ROWS plus repeats: user 10's held-out 501 also at t=20, user 30's 503 three times,
+# user 20's 500 twice (two distinct items: dropped at min_num_ratings=3).
+REPEATED_ROWS = TINY_ROWS + [(10, 501, 20), (30, 503, 40), (30, 503, 45), (20, 500, 7)]
+# Raw user -> (training items in time order, held-out item).
+REPEATED_SPLIT = {10: ([502, 70000, 500], 501), 30: ([503, 501], 70000)}
+
+
+def _split_by_raw_id(data) -> dict[int, tuple[list[int], int]]:
+    return {
+        int(data.user_ids[user]): (
+            data.item_ids[data.train_items[start:stop]].tolist(),
+            int(data.item_ids[data.eval_items[user]]),
+        )
+        for user, (start, stop) in enumerate(
+            zip(data.train_offsets[:-1], data.train_offsets[1:], strict=True)
+        )
+    }
+
+
+def _write_source(kind: str, root) -> DataConfig:
+    """Writes `REPEATED_ROWS` (or an NCF split with the same faults) as `kind` reads it."""
+    if kind in ("dat", "u.data", "csv"):
+        dataset = {"dat": "ml-1m", "u.data": "ml-100k", "csv": "ml-latest-small"}[kind]
+        info = movielens.dataset_info(dataset)
+        write_movielens(movielens.ratings_path(str(root), info), REPEATED_ROWS, kind)
+        return DataConfig(dataset=dataset, data_dir=str(root), min_num_ratings=3)
+    if kind.startswith("generic"):
+        frame = pd.DataFrame(REPEATED_ROWS, columns=["user_id", "item_id", "timestamp"])
+        path = root / "clicks.parquet"
+        if kind == "generic-csv":
+            path = root / "clicks.csv"
+            frame.to_csv(path, index=False)
+        else:
+            frame.to_parquet(path)
+        source = movielens.GenericSource(str(path))
+        return DataConfig(dataset="generic", data_dir=str(root), min_num_ratings=3, generic=source)
+    if kind == "synthetic":
+        spec = synthetic_data.SyntheticSpec(num_users=50, num_items=60, num_ratings=1500)
+        return DataConfig(dataset="synthetic", data_dir=str(root), synthetic=spec, seed=4)
+    folder = root / "ncf"
+    folder.mkdir()
+    # User 0's test pair (0, 2) is also a training line; (1, 0) is repeated.
+    (folder / "ml-1m.train.rating").write_text("0\t0\t5\n0\t2\t4\n0\t1\t5\n1\t0\t5\n1\t0\t3\n")
+    (folder / "ml-1m.test.rating").write_text("0\t2\t5\t1\n1\t1\t5\t1\n")
+    (folder / "ml-1m.test.negative").write_text("(0,2)\t1\n(1,1)\t2\n")
+    return DataConfig(dataset="ncf-ml-1m", data_dir=str(root))
+
+
+@pytest.mark.parametrize(
+    "kind", ["dat", "u.data", "csv", "generic-csv", "generic-parquet", "synthetic", "ncf"]
+)
+def test_no_held_out_item_is_a_training_item(kind, tmp_path):
+    data = data_preprocessing.load_or_build(_write_source(kind, tmp_path)).data
+    users = data.train_users()
+    assert not np.any(data.train_items == data.eval_items[users])
+    pairs = users.astype(np.int64) * data.num_items + data.train_items
+    assert len(np.unique(pairs)) == len(pairs)  # no repeated training pair either
+    if kind == "synthetic":  # drawn without replacement: every line is kept
+        assert data.num_train_positives + data.num_users == 1500
+    elif kind == "ncf":
+        assert _split_by_raw_id(data) == {0: ([0, 1], 2), 1: ([0], 1)}
+    else:
+        assert _split_by_raw_id(data) == REPEATED_SPLIT
 
 
 # ---------------------------------------------------------------------------
@@ -189,6 +308,22 @@ def test_a_stale_cache_is_judged_by_its_metadata_alone(tiny_ml1m):
             archive.writestr(name, contents if name == "metadata.npy" else _BROKEN_ARRAY)
     stale = data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True))
     assert stale.reason == "parameters changed"
+
+
+def test_cache_of_format_1_is_rebuilt(tiny_ml1m):
+    """Format 1 kept repeated (user, item) pairs: such a cache may train on held-out items."""
+    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    with zipfile.ZipFile(built.cache_path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    metadata = json.loads(str(np.load(io.BytesIO(members["metadata.npy"]))))
+    metadata["format_version"] = 1
+    packed = io.BytesIO()
+    np.save(packed, np.array(json.dumps(metadata)))
+    members["metadata.npy"] = packed.getvalue()
+    with zipfile.ZipFile(built.cache_path, "w") as archive:
+        for name, contents in members.items():
+            archive.writestr(name, contents)
+    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).reason == "cache format changed"
 
 
 def test_bad_source_writes_no_cache(tmp_path):
