@@ -4,7 +4,8 @@
     python -m recommendation.create_ncf_data --dataset synthetic   # offline
 
 Exits non-zero with one line on bad input (missing, empty or malformed files, failed
-downloads, checksum mismatches); nothing half-written is left behind.
+downloads, corrupt archives, checksum mismatches, a folder that cannot be written or is
+full); nothing half-written is left behind.
 """
 
 from __future__ import annotations

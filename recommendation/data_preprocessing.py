@@ -397,7 +397,8 @@ def load_or_build(config: DataConfig) -> LoadResult:
     """Returns the preprocessed dataset, from the cache when it is still valid.
 
     Raises:
-        DataError: the source cannot be read (nothing is written in that case).
+        DataError: the source cannot be read (nothing is written in that case), or
+            the cache folder cannot be written (a valid cache there is only read).
     """
     start = time.monotonic()
     cache_dir = config.resolved_cache_dir()
@@ -505,19 +506,34 @@ def _read_cache(path: str, config: DataConfig) -> tuple[PreprocessedData | None,
 
 
 def _write_cache(cache_dir: str, data: PreprocessedData, metadata: dict) -> None:
-    """Writes arrays and metadata to temporary names, then renames them into place."""
-    tf.io.gfile.makedirs(cache_dir)
+    """Writes arrays and metadata to temporary names, then renames them into place.
+
+    Raises:
+        DataError: `cache_dir` cannot be written (read-only, forbidden, full); no
+            temporary file is left and an existing cache is left as it was.
+    """
     arrays = {key: value for key, value in dataclasses.asdict(data).items() if value is not None}
     text = json.dumps(metadata, indent=2, sort_keys=True)
     packed = io.BytesIO()  # zip writing needs seeks, which gfile writers lack
     np.savez(packed, metadata=np.array(text), **arrays)
-    for name, contents in ((CACHE_FILE, packed.getvalue()), (CACHE_METADATA_FILE, text.encode())):
-        final_path = os.path.join(cache_dir, name)
-        temp_path = os.path.join(cache_dir, f".{name}.tmp-{uuid.uuid4().hex}")
-        try:
+    written = {}  # final path -> temporary path
+    try:
+        tf.io.gfile.makedirs(cache_dir)
+        for name, contents in (
+            (CACHE_FILE, packed.getvalue()),
+            (CACHE_METADATA_FILE, text.encode()),
+        ):
+            temp_path = os.path.join(cache_dir, f".{name}.tmp-{uuid.uuid4().hex}")
+            written[os.path.join(cache_dir, name)] = temp_path
             with tf.io.gfile.GFile(temp_path, "wb") as out:
                 out.write(contents)
+        for final_path, temp_path in written.items():
             tf.io.gfile.rename(temp_path, final_path, overwrite=True)
-        finally:
+    except (tf.errors.OpError, OSError) as error:
+        raise movielens.write_error(
+            error, "the preprocessing cache", cache_dir, "--cache_dir"
+        ) from None
+    finally:
+        for temp_path in written.values():
             if tf.io.gfile.exists(temp_path):
                 tf.io.gfile.remove(temp_path)

@@ -13,8 +13,10 @@ test.negative}`` for the NCF paper's files. All file access goes through
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import errno
 import hashlib
 import http.client
 import io
@@ -23,9 +25,11 @@ import re
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pa_parquet
 import tensorflow as tf
@@ -497,10 +501,13 @@ def _first_line(path: str) -> str:
 
 def _generic_ints(table: pa.Table, name: str, path: str) -> np.ndarray:
     column = table.column(name)
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-        bad = next(value for value in column.to_pylist() if not _is_int(value))
+    if pa.types.is_dictionary(column.type):  # e.g. a pandas categorical
+        column = column.cast(column.type.value_type)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = _parse_decimal_strings(column, name, path)
+    elif not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         raise DataError(
-            f"{path}: column {name!r} holds {bad!r}, which is not an integer id; "
+            f"{path}: column {name!r} holds {column.type} values, not integers; "
             f"map ids to integers first"
         )
     values = column.to_numpy(zero_copy_only=False)
@@ -509,12 +516,20 @@ def _generic_ints(table: pa.Table, name: str, path: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def _is_int(value: object) -> bool:
+def _parse_decimal_strings(column: pa.ChunkedArray, name: str, path: str) -> pa.ChunkedArray:
+    """Integer ids stored as text (a Parquet file written from string columns) as int64."""
+    is_decimal = pc.fill_null(pc.match_substring_regex(column, r"^\s*[+-]?[0-9]+\s*$"), True)
+    if not pc.all(is_decimal).as_py():
+        bad = column.filter(pc.invert(is_decimal))[0].as_py()
+        raise DataError(
+            f"{path}: column {name!r} holds {bad!r}, which is not an integer id; "
+            f"map ids to integers first"
+        )
+    digits = pc.replace_substring_regex(pc.utf8_trim_whitespace(column), r"^\+", "")
     try:
-        int(str(value))
-        return True
-    except ValueError:
-        return False
+        return pc.cast(digits, pa.int64())
+    except pa.ArrowInvalid as error:  # digits beyond 64 bits
+        raise DataError(f"{path}: column {name!r}: {error}; ids must fit in 64 bits") from None
 
 
 # ---------------------------------------------------------------------------
@@ -586,21 +601,16 @@ def download_dataset(info: DatasetInfo, data_dir: str, url_base: str) -> None:
     """Downloads, verifies and unpacks a GroupLens archive into ``data_dir/<name>/``.
 
     The archive is fetched to a temporary name, its MD5 checked against the ``.md5``
-    file GroupLens publishes beside it, and unpacked into a temporary folder; files
-    are moved into place only then, the ratings file last, so an interrupted run never
-    leaves a ratings file that looks complete.
+    file GroupLens publishes beside it, and unpacked by `_unpack`.
 
     Raises:
-        DataError: the download failed, the checksum does not match, or the archive
-            is corrupt. Nothing is left behind.
+        DataError: the download failed, the checksum does not match, the archive is
+            corrupt, or `data_dir` cannot be written. Nothing is left behind.
     """
     if info.archive is None:
         raise DataError(f"dataset {info.name!r} cannot be downloaded")
     url = url_base.rstrip("/") + "/" + info.archive
-    tf.io.gfile.makedirs(data_dir)
-    temp_dir = os.path.join(data_dir, f".{info.name}.download-{os.getpid()}")
-    tf.io.gfile.makedirs(temp_dir)
-    try:
+    with _scratch_dir(info, data_dir) as temp_dir:
         archive_path = os.path.join(temp_dir, info.archive)
         expected_md5 = _fetch_md5(url, info)
         actual_md5 = _fetch(url, archive_path, info)
@@ -609,12 +619,45 @@ def download_dataset(info: DatasetInfo, data_dir: str, url_base: str) -> None:
                 f"checksum mismatch for {url}: GroupLens publishes MD5 {expected_md5}, the "
                 f"download has {actual_md5}; the file is corrupt or was changed, download again"
             )
-        extracted = os.path.join(temp_dir, "extracted")
-        _extract(archive_path, info, extracted, url)
-        _move_into_place(extracted, dataset_dir(data_dir, info), info.ratings_file)
-    finally:
-        tf.io.gfile.rmtree(temp_dir)
+        _unpack(archive_path, info, data_dir, temp_dir, url)
     logging.info("%s is ready in %s", info.name, dataset_dir(data_dir, info))
+
+
+def write_error(error: tf.errors.OpError | OSError, what: str, folder: str, flag: str) -> DataError:
+    """The one-line error for a failed write of `what` into `folder`.
+
+    It names the folder, the problem (a full disk, a read-only or forbidden folder)
+    and the fix: free space, or `flag` pointing to a folder that can be written.
+    """
+    if isinstance(error, tf.errors.ResourceExhaustedError) or (
+        isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    ):
+        return DataError(
+            f"cannot write {what} in {folder}: no space left on the device; free space "
+            f"there or pass {flag} with a folder on a disk with room"
+        )
+    if isinstance(error, OSError):
+        problem = error.strerror or str(error)
+    else:  # gfile messages read "<path>; <problem>"
+        problem = error.message.rsplit("; ", 1)[-1]
+    return DataError(
+        f"cannot write {what} in {folder}: {problem}; pass {flag} with a writable folder"
+    )
+
+
+@contextlib.contextmanager
+def _scratch_dir(info: DatasetInfo, data_dir: str) -> Iterator[str]:
+    """A temporary folder in `data_dir` (so files move into place by rename), removed at
+    the end; a failed write in it becomes a `DataError` naming `data_dir`."""
+    temp_dir = os.path.join(data_dir, f".{info.name}.unpack-{os.getpid()}")
+    try:
+        tf.io.gfile.makedirs(temp_dir)
+        yield temp_dir
+    except (tf.errors.OpError, OSError) as error:
+        raise write_error(error, f"the {info.name} files", data_dir, "--data_dir") from None
+    finally:
+        if tf.io.gfile.exists(temp_dir):
+            tf.io.gfile.rmtree(temp_dir)
 
 
 def _offline_hint(info: DatasetInfo) -> str:
@@ -658,9 +701,21 @@ def _fetch(url: str, path: str, info: DatasetInfo) -> str:
     return digest.hexdigest()
 
 
-def _extract(archive_path: str, info: DatasetInfo, target: str, url: str) -> None:
-    """Unpacks the members under ``info.archive_folder/`` of the archive into `target`."""
+def _unpack(
+    archive_path: str, info: DatasetInfo, data_dir: str, temp_dir: str, source: str
+) -> None:
+    """Unpacks the archive into `temp_dir`, then moves its files into ``data_dir/<name>/``,
+    the ratings file last, so an interrupted run never leaves one that looks complete."""
+    extracted = os.path.join(temp_dir, "extracted")
+    _extract(archive_path, info, extracted, source)
+    _move_into_place(extracted, dataset_dir(data_dir, info), info.ratings_file)
+
+
+def _extract(archive_path: str, info: DatasetInfo, target: str, source: str) -> None:
+    """Unpacks the members under ``info.archive_folder/`` of the archive into `target`;
+    `source` (its URL) names it in errors."""
     prefix = info.archive_folder + "/"
+    fix = f"delete it and download again, or {_offline_hint(info)}"
     try:
         with tf.io.gfile.GFile(archive_path, "rb") as stream, zipfile.ZipFile(stream) as archive:
             members = [
@@ -669,24 +724,24 @@ def _extract(archive_path: str, info: DatasetInfo, target: str, url: str) -> Non
             names = {m.filename[len(prefix) :] for m in members}
             if info.ratings_file not in names:
                 raise DataError(
-                    f"{url} has no {prefix}{info.ratings_file}; it is not the {info.name} "
-                    f"archive, download again or {_offline_hint(info)}"
+                    f"{source} has no {prefix}{info.ratings_file}; it is not the {info.name} "
+                    f"archive, {fix}"
                 )
             tf.io.gfile.makedirs(target)
             for member in members:
                 relative = member.filename[len(prefix) :]
                 if ".." in relative.split("/"):
-                    raise DataError(f"{url} has an unsafe member name {member.filename!r}")
+                    raise DataError(f"{source} has an unsafe member name {member.filename!r}")
                 destination = os.path.join(target, relative)
                 tf.io.gfile.makedirs(os.path.dirname(destination))
-                with archive.open(member) as source, tf.io.gfile.GFile(destination, "wb") as out:
-                    while chunk := source.read(1 << 22):
+                with (
+                    archive.open(member) as member_file,
+                    tf.io.gfile.GFile(destination, "wb") as out,
+                ):
+                    while chunk := member_file.read(1 << 22):
                         out.write(chunk)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as error:
-        raise DataError(
-            f"{url} is a corrupt archive ({error}); delete it and download again, "
-            f"or {_offline_hint(info)}"
-        ) from None
+        raise DataError(f"{source} is a corrupt archive ({error}); {fix}") from None
 
 
 def _move_into_place(source_dir: str, target_dir: str, ratings_file: str) -> None:

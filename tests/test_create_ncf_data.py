@@ -45,3 +45,22 @@ def test_unknown_dataset_is_rejected_at_start_up():
     result = _run("--dataset=ml-2m")
     assert result.returncode != 0
     assert "flag --dataset=ml-2m: value should be one of" in result.stderr
+
+
+def test_unwritable_cache_dir_gives_one_line_naming_it_and_the_fix(tmp_path):
+    write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS, "dat")
+    (tmp_path / "file").write_text("")
+    cache_dir = tmp_path / "file" / "cache"  # as root too, nothing can be made below a file
+    result = _run(
+        "--dataset=ml-1m",
+        f"--data_dir={tmp_path}",
+        f"--cache_dir={cache_dir}",
+        "--min_num_ratings=3",
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error_lines == [
+        f"error: cannot write the preprocessing cache in {cache_dir}: {tmp_path / 'file'} is not "
+        "a directory; pass --cache_dir with a writable folder"
+    ]

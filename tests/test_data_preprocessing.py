@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import json
 import os
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import tensorflow as tf
 from conftest import TINY_ROWS, write_movielens
 
 from recommendation import data_preprocessing, movielens, synthetic_data
@@ -324,6 +327,60 @@ def test_cache_of_format_1_is_rebuilt(tiny_ml1m):
         for name, contents in members.items():
             archive.writestr(name, contents)
     assert data_preprocessing.load_or_build(_config(tiny_ml1m)).reason == "cache format changed"
+
+
+def _fail_writes(monkeypatch, error: Exception, partly: bool = False) -> None:
+    """Makes every gfile write raise `error` (after writing a few bytes if `partly`), as a
+    read-only mount or a full disk does; real ones need root to set up."""
+
+    class FailingGFile(tf.io.gfile.GFile):
+        def write(self, data):
+            if partly:
+                super().write(data[:16])
+                self.flush()
+            raise error
+
+    monkeypatch.setattr(tf.io.gfile, "GFile", FailingGFile)
+
+
+def test_read_only_data_dir_reads_its_cache_and_names_cache_dir_to_rebuild(tiny_ml1m, monkeypatch):
+    folder = os.path.join(tiny_ml1m, "ml-1m")
+    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    listing, cache_bytes = sorted(os.listdir(folder)), Path(built.cache_path).read_bytes()
+    _fail_writes(
+        monkeypatch, tf.errors.PermissionDeniedError(None, None, "x; Read-only file system")
+    )
+    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).from_cache
+    with pytest.raises(DataError) as raised:
+        data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True))  # stale: rebuild
+    assert str(raised.value) == (
+        f"cannot write the preprocessing cache in {folder}: Read-only file system; "
+        "pass --cache_dir with a writable folder"
+    )
+    assert sorted(os.listdir(folder)) == listing
+    assert Path(built.cache_path).read_bytes() == cache_bytes
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        tf.errors.ResourceExhaustedError(None, None, "x; No space left on device"),
+        OSError(errno.ENOSPC, "No space left on device"),
+    ],
+    ids=["gfile", "oserror"],
+)
+def test_full_disk_names_the_folder_and_leaves_no_temporary_file(
+    tiny_ml1m, tmp_path, monkeypatch, error
+):
+    cache_dir = tmp_path / "cache"
+    _fail_writes(monkeypatch, error, partly=True)
+    with pytest.raises(DataError) as raised:
+        data_preprocessing.load_or_build(_config(tiny_ml1m, cache_dir=str(cache_dir)))
+    assert str(raised.value) == (
+        f"cannot write the preprocessing cache in {cache_dir}: no space left on the device; "
+        "free space there or pass --cache_dir with a folder on a disk with room"
+    )
+    assert os.listdir(cache_dir) == []
 
 
 def test_bad_source_writes_no_cache(tmp_path):

@@ -158,6 +158,45 @@ def test_generic_string_ids_are_rejected(tmp_path):
         movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
 
 
+def test_generic_parquet_ids_stored_as_decimal_strings_are_integers(tmp_path):
+    path = tmp_path / "events.parquet"
+    frame = pd.DataFrame(
+        {
+            "user_id": pd.Categorical(["12", "7", "12"]),
+            "item_id": ["900000", " 5", "+3"],
+            "timestamp": ["-1", "2", "0030"],
+        }
+    )
+    frame.to_parquet(path)
+    raw = movielens.read_generic(movielens.GenericSource(str(path)))
+    np.testing.assert_array_equal(raw.users, [12, 7, 12])
+    np.testing.assert_array_equal(raw.items, [900000, 5, 3])
+    np.testing.assert_array_equal(raw.timestamps, [-1, 2, 30])
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("1_000", "column 'item_id' holds '1_000', which is not an integer id"),
+        ("0x10", "column 'item_id' holds '0x10', which is not an integer id"),
+        ("\u0663", "column 'item_id' holds '\u0663', which is not an integer id"),  # Arabic 3
+        ("99999999999999999999", "column 'item_id': .*; ids must fit in 64 bits"),
+    ],
+)
+def test_generic_parquet_string_ids_that_are_not_integers(tmp_path, bad, message):
+    path = tmp_path / "events.parquet"
+    pd.DataFrame({"user_id": ["1", "2"], "item_id": ["4", bad]}).to_parquet(path)
+    with pytest.raises(DataError, match=message):
+        movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
+
+
+def test_generic_parquet_of_another_type_names_it(tmp_path):
+    path = tmp_path / "events.parquet"
+    pd.DataFrame({"user_id": [1, 2], "item_id": [True, False]}).to_parquet(path)
+    with pytest.raises(DataError, match="column 'item_id' holds bool values, not integers"):
+        movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
+
+
 TITLES = {1: "Toy Story (1995)", 29: "City of Lost Children, The (Cité des enfants, La) (1995)"}
 
 

@@ -163,3 +163,15 @@ def test_offline_names_url_reason_and_what_to_do(tmp_path):
         message
     )
     assert "\n" not in message
+
+
+def test_unwritable_data_dir_names_it_and_the_fix(tmp_path, http_url, site):
+    _publish(site, ARCHIVE)
+    (tmp_path / "file").write_text("")
+    data_dir = tmp_path / "file" / "data"  # as root too, nothing can be made below a file
+    with pytest.raises(DataError) as error:
+        movielens.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert str(error.value) == (
+        f"cannot write the ml-1m files in {data_dir}: {tmp_path / 'file'} is not a directory; "
+        "pass --data_dir with a writable folder"
+    )
