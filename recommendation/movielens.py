@@ -250,22 +250,30 @@ def read_movielens(
     download_if_missing: bool = False,
     url_base: str = constants.MOVIELENS_URL,
 ) -> RawRatings:
-    """Reads a MovieLens release from ``data_dir/<name>/``, downloading it if asked.
+    """Reads a MovieLens release from ``data_dir/<name>/``.
+
+    A missing ratings file is unpacked from the release archive when one lies in
+    `data_dir` (``data_dir/ml-1m.zip``), else downloaded if asked.
 
     Raises:
-        DataError: the file is missing (and not downloaded), empty or malformed.
+        DataError: the file is missing (and not unpacked or downloaded), empty or
+            malformed, or the local archive is corrupt.
     """
     info = dataset_info(name)
     if info.kind != "movielens":
         raise DataError(f"dataset {name!r} is not a MovieLens release")
     path = ratings_path(data_dir, info)
     if not tf.io.gfile.exists(path):
-        if not download_if_missing:
+        archive_path = os.path.join(data_dir, info.archive)
+        if tf.io.gfile.exists(archive_path):
+            unpack_local_archive(info, data_dir, archive_path)
+        elif download_if_missing:
+            download_dataset(info, data_dir, url_base)
+        else:
             raise DataError(
-                f"{path} not found; put {info.ratings_file} from {info.archive} there "
-                f"or pass --download_if_missing"
+                f"{path} not found; put {info.ratings_file} from {info.archive} there, or "
+                f"{info.archive} into {data_dir}, or pass --download_if_missing"
             )
-        download_dataset(info, data_dir, url_base)
     return read_ratings_file(path, info.file_format)
 
 
@@ -601,7 +609,7 @@ def download_dataset(info: DatasetInfo, data_dir: str, url_base: str) -> None:
     """Downloads, verifies and unpacks a GroupLens archive into ``data_dir/<name>/``.
 
     The archive is fetched to a temporary name, its MD5 checked against the ``.md5``
-    file GroupLens publishes beside it, and unpacked by `_unpack`.
+    file GroupLens publishes beside it, and unpacked as `unpack_local_archive` does.
 
     Raises:
         DataError: the download failed, the checksum does not match, the archive is
@@ -620,6 +628,37 @@ def download_dataset(info: DatasetInfo, data_dir: str, url_base: str) -> None:
                 f"download has {actual_md5}; the file is corrupt or was changed, download again"
             )
         _unpack(archive_path, info, data_dir, temp_dir, url)
+    logging.info("%s is ready in %s", info.name, dataset_dir(data_dir, info))
+
+
+def unpack_local_archive(info: DatasetInfo, data_dir: str, archive_path: str) -> None:
+    """Checks and unpacks a release archive the user already has, as a download would be.
+
+    The archive must be a zip whose members pass their CRC check and that holds the
+    ratings file; a ``<archive>.md5`` file beside it (GroupLens's format, or the bare
+    checksum) is verified too. Nothing is fetched from the network.
+
+    Raises:
+        DataError: the archive is corrupt or is not the release's, its MD5 does not
+            match, or `data_dir` cannot be written. Nothing is left behind.
+    """
+    logging.info("Unpacking %s from the local archive %s", info.name, archive_path)
+    md5_path = archive_path + ".md5"
+    if tf.io.gfile.exists(md5_path):
+        with tf.io.gfile.GFile(md5_path, "rb") as stream:
+            expected_md5 = _md5_in(stream.read(4096), md5_path, "delete it or put the MD5 there")
+        digest = hashlib.md5()
+        with tf.io.gfile.GFile(archive_path, "rb") as stream:
+            while chunk := stream.read(1 << 22):
+                digest.update(chunk)
+        if digest.hexdigest() != expected_md5:
+            raise DataError(
+                f"checksum mismatch for {archive_path}: {md5_path} says MD5 {expected_md5}, the "
+                f"file has {digest.hexdigest()}; it is corrupt or was changed, delete it and "
+                f"download again"
+            )
+    with _scratch_dir(info, data_dir) as temp_dir:
+        _unpack(archive_path, info, data_dir, temp_dir, archive_path)
     logging.info("%s is ready in %s", info.name, dataset_dir(data_dir, info))
 
 
@@ -677,10 +716,14 @@ def _open_url(url: str, info: DatasetInfo):
 
 def _fetch_md5(url: str, info: DatasetInfo) -> str:
     with _open_url(url + ".md5", info) as response:
-        text = response.read(4096).decode("ascii", errors="replace")
-    match = re.search(r"\b[0-9a-fA-F]{32}\b", text)
+        return _md5_in(response.read(4096), url + ".md5", _offline_hint(info))
+
+
+def _md5_in(contents: bytes, source: str, fix: str) -> str:
+    """The MD5 checksum in a ``.md5`` file's `contents`."""
+    match = re.search(r"\b[0-9a-fA-F]{32}\b", contents.decode("ascii", errors="replace"))
     if match is None:
-        raise DataError(f"{url}.md5 holds no MD5 checksum; {_offline_hint(info)}")
+        raise DataError(f"{source} holds no MD5 checksum; {fix}")
     return match.group(0).lower()
 
 
@@ -712,12 +755,17 @@ def _unpack(
 
 
 def _extract(archive_path: str, info: DatasetInfo, target: str, source: str) -> None:
-    """Unpacks the members under ``info.archive_folder/`` of the archive into `target`;
-    `source` (its URL) names it in errors."""
+    """Unpacks the members under ``info.archive_folder/`` of the archive into `target`,
+    after checking every member's CRC; `source` (URL or path) names it in errors."""
     prefix = info.archive_folder + "/"
     fix = f"delete it and download again, or {_offline_hint(info)}"
     try:
         with tf.io.gfile.GFile(archive_path, "rb") as stream, zipfile.ZipFile(stream) as archive:
+            bad_member = archive.testzip()
+            if bad_member is not None:
+                raise DataError(
+                    f"{source} is a corrupt archive (member {bad_member} is damaged); {fix}"
+                )
             members = [
                 m for m in archive.infolist() if m.filename.startswith(prefix) and not m.is_dir()
             ]

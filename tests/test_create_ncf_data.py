@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import zipfile
 
 from conftest import TINY_ROWS, run_module, write_movielens
 
@@ -63,4 +64,23 @@ def test_unwritable_cache_dir_gives_one_line_naming_it_and_the_fix(tmp_path):
     assert error_lines == [
         f"error: cannot write the preprocessing cache in {cache_dir}: {tmp_path / 'file'} is not "
         "a directory; pass --cache_dir with a writable folder"
+    ]
+
+
+def test_release_archive_in_data_dir_is_used_offline(tmp_path):
+    ratings = "".join(f"{user}::{item}::4::{time}\n" for user, item, time in TINY_ROWS)
+    with zipfile.ZipFile(tmp_path / "ml-1m.zip", "w") as archive:
+        archive.writestr("ml-1m/ratings.dat", ratings)
+    result = _run(
+        "--dataset=ml-1m",
+        f"--data_dir={tmp_path}",
+        "--min_num_ratings=3",
+        "--movielens_url=http://127.0.0.1:9/",  # the discard port: nothing answers
+    )
+    assert result.returncode == 0, result.stderr
+    assert "training positives:  5\n" in result.stdout
+    assert sorted(os.listdir(tmp_path / "ml-1m")) == [
+        "ncf_cache.json",
+        "ncf_cache.npz",
+        "ratings.dat",
     ]

@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import logging
 import os
 import socket
 import threading
 import zipfile
 
 import pytest
+import tensorflow as tf
 from conftest import TINY_ROWS
 
 from recommendation import movielens
@@ -149,11 +151,15 @@ def test_interrupted_download_leaves_nothing_that_looks_complete(site, truncatin
     assert _leftovers(data_dir) == []
 
 
-def test_offline_names_url_reason_and_what_to_do(tmp_path):
+def _unreachable_url() -> str:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/"
+    return f"http://127.0.0.1:{port}/"
+
+
+def test_offline_names_url_reason_and_what_to_do(tmp_path):
+    url = _unreachable_url()
     with pytest.raises(DataError) as error:
         movielens.read_movielens(str(tmp_path / "data"), "ml-1m", True, url)
     message = str(error.value)
@@ -175,3 +181,80 @@ def test_unwritable_data_dir_names_it_and_the_fix(tmp_path, http_url, site):
         f"cannot write the ml-1m files in {data_dir}: {tmp_path / 'file'} is not a directory; "
         "pass --data_dir with a writable folder"
     )
+
+
+# ---------------------------------------------------------------------------
+# A release archive already in DATA_DIR
+
+
+@pytest.mark.parametrize("download_if_missing", [True, False])
+@pytest.mark.parametrize("with_md5", [True, False])
+def test_local_archive_is_unpacked_without_the_network(
+    tmp_path, caplog, download_if_missing, with_md5
+):
+    caplog.set_level(logging.INFO)
+    _publish(tmp_path, ARCHIVE)
+    if not with_md5:
+        (tmp_path / "ml-1m.zip.md5").unlink()
+    raw = movielens.read_movielens(str(tmp_path), "ml-1m", download_if_missing, _unreachable_url())
+    assert len(raw) == len(TINY_ROWS)
+    assert f"Unpacking ml-1m from the local archive {tmp_path / 'ml-1m.zip'}" in caplog.text
+    archives = ["ml-1m.zip", "ml-1m.zip.md5"] if with_md5 else ["ml-1m.zip"]
+    unpacked = ["ml-1m", "ml-1m/movies.dat", "ml-1m/ratings.dat"]
+    assert _leftovers(tmp_path) == sorted(unpacked + archives)
+
+
+def test_local_archive_with_a_wrong_md5_unpacks_nothing(tmp_path):
+    _publish(tmp_path, ARCHIVE, md5="0" * 32)
+    path = tmp_path / "ml-1m.zip"
+    with pytest.raises(DataError) as error:
+        movielens.read_movielens(str(tmp_path), "ml-1m", True, _unreachable_url())
+    assert str(error.value) == (
+        f"checksum mismatch for {path}: {path}.md5 says MD5 {'0' * 32}, the file has "
+        f"{hashlib.md5(ARCHIVE).hexdigest()}; it is corrupt or was changed, delete it and "
+        "download again"
+    )
+    assert _leftovers(tmp_path) == ["ml-1m.zip", "ml-1m.zip.md5"]
+
+
+@pytest.mark.parametrize(
+    "archive,reason",
+    [
+        # Stored (uncompressed) members: one changed byte of ratings.dat fails its CRC.
+        (ARCHIVE.replace(b"10::500::4::100", b"10::500::4::101"), r"member ml-1m/ratings\.dat"),
+        (ARCHIVE[: len(ARCHIVE) // 2], "File is not a zip file"),
+    ],
+    ids=["bad-crc", "truncated"],
+)
+def test_corrupt_local_archive_is_named_and_nothing_is_unpacked(tmp_path, archive, reason):
+    (tmp_path / "ml-1m.zip").write_bytes(archive)
+    message = rf"^{tmp_path / 'ml-1m.zip'} is a corrupt archive \({reason}.*\); delete it and "
+    with pytest.raises(DataError, match=message):
+        movielens.read_movielens(str(tmp_path), "ml-1m", True, _unreachable_url())
+    assert _leftovers(tmp_path) == ["ml-1m.zip"]
+
+
+def test_local_archive_of_another_release(tmp_path):
+    (tmp_path / "ml-1m.zip").write_bytes(_zip_bytes("ml-100k", {"u.data": b"1\t2\t3\t4\n"}))
+    with pytest.raises(DataError, match=r"ml-1m\.zip has no ml-1m/ratings\.dat; it is not"):
+        movielens.read_movielens(str(tmp_path), "ml-1m", False)
+    assert _leftovers(tmp_path) == ["ml-1m.zip"]
+
+
+def test_full_disk_while_unpacking_leaves_only_the_archive(tmp_path, monkeypatch):
+    (tmp_path / "ml-1m.zip").write_bytes(ARCHIVE)
+
+    class FullDiskGFile(tf.io.gfile.GFile):  # a real full disk needs root to set up
+        def write(self, data):
+            super().write(data[:16])
+            self.flush()
+            raise tf.errors.ResourceExhaustedError(None, None, "x; No space left on device")
+
+    monkeypatch.setattr(tf.io.gfile, "GFile", FullDiskGFile)
+    with pytest.raises(DataError) as error:
+        movielens.read_movielens(str(tmp_path), "ml-1m", False)
+    assert str(error.value) == (
+        f"cannot write the ml-1m files in {tmp_path}: no space left on the device; free space "
+        "there or pass --data_dir with a folder on a disk with room"
+    )
+    assert _leftovers(tmp_path) == ["ml-1m.zip"]
