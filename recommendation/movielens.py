@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
-import errno
 import hashlib
 import http.client
 import io
@@ -35,6 +34,7 @@ import pyarrow.parquet as pa_parquet
 import tensorflow as tf
 from absl import logging
 
+from official.utils.misc import errors
 from official.utils.misc.progress import ProgressBar
 from recommendation import constants
 
@@ -663,25 +663,9 @@ def unpack_local_archive(info: DatasetInfo, data_dir: str, archive_path: str) ->
 
 
 def write_error(error: tf.errors.OpError | OSError, what: str, folder: str, flag: str) -> DataError:
-    """The one-line error for a failed write of `what` into `folder`.
-
-    It names the folder, the problem (a full disk, a read-only or forbidden folder)
-    and the fix: free space, or `flag` pointing to a folder that can be written.
-    """
-    if isinstance(error, tf.errors.ResourceExhaustedError) or (
-        isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-    ):
-        return DataError(
-            f"cannot write {what} in {folder}: no space left on the device; free space "
-            f"there or pass {flag} with a folder on a disk with room"
-        )
-    if isinstance(error, OSError):
-        problem = error.strerror or str(error)
-    else:  # gfile messages read "<path>; <problem>"
-        problem = error.message.rsplit("; ", 1)[-1]
-    return DataError(
-        f"cannot write {what} in {folder}: {problem}; pass {flag} with a writable folder"
-    )
+    """The one-line `DataError` for a failed write of `what` into `folder`
+    (`errors.write_failure`)."""
+    return DataError(errors.write_failure(error, what, folder, flag))
 
 
 @contextlib.contextmanager

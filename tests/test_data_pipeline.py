@@ -296,3 +296,16 @@ def test_synthetic_batches_need_no_files():
     assert features[constants.USER_COLUMN].shape == (64,)
     assert int(tf.reduce_max(features[constants.ITEM_COLUMN])) < 20
     assert set(np.unique(labels.numpy())) <= {0.0, 1.0}
+
+
+def test_an_unwritable_run_folder_is_one_clear_error(cache_path, tmp_path):
+    # A read-only data dir whose valid cache is only read: the run folder is the
+    # first thing ncf-main writes there, and --cache_dir is the fix.
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the folder would be")
+    with pytest.raises(
+        ProducerError,
+        match=r"cannot write the producer's run folder in .*cache/runs: .*; pass --cache_dir "
+        "with a writable folder",
+    ):
+        DataProducer(_params(cache_path), str(blocked / "runs")).start()

@@ -109,9 +109,26 @@ def test_command_line(tmp_path, extra, expect_ok):
     if expect_ok:
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.startswith("best HR@10=")
+        assert _info_sources(result.stderr) <= _OUR_FILES | _WRITTEN_WHILE_LOADING
     else:
         assert result.returncode != 0
         assert "--layers must be positive integers, the first even" in result.stderr
+
+
+# INFO lines TensorFlow writes while its libraries load, before any setting is read.
+_WRITTEN_WHILE_LOADING = {"port.cc", "cudart_stub.cc"}
+_OUR_FILES = {
+    name
+    for folder in ("official", "recommendation")
+    for _, _, names in os.walk(os.path.join(ROOT, folder))
+    for name in names
+    if name.endswith(".py")
+}
+
+
+def _info_sources(stderr: str) -> set[str]:
+    """The files that wrote INFO lines (``I1201 08:02:12.537235 140 ncf_main.py:473] ...``)."""
+    return set(re.findall(r"^I\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\]", stderr, re.MULTILINE))
 
 
 def test_config_is_frozen(tmp_path):
@@ -182,8 +199,9 @@ def test_a_full_disk_under_model_dir_ends_with_one_line_and_no_partial_checkpoin
         ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=ROOT
     )
     assert re.fullmatch(
-        rf"error: could not write checkpoint \d+ to {disk / 'model'} \(No space left on "
-        r"device\): free space or choose another --model_dir; none was kept",
+        rf"error: cannot write checkpoint \d+ in {disk / 'model'}: no space left on the "
+        r"device; free space there or pass --model_dir with a folder on a disk with room; "
+        r"none was kept",
         _the_error_line(result),
     )
     left = result.stdout.split()

@@ -284,7 +284,9 @@ def test_a_model_dir_that_cannot_hold_files_is_refused_up_front(tmp_path):
     with pytest.raises(ModelDirError, match=r"--model_dir .*model is a file, not a folder"):
         prepare_model_dir(str(regular_file))
     with pytest.raises(
-        ModelDirError, match=r"cannot write to --model_dir .*below \(.*model is not"
+        ModelDirError,
+        match=r"cannot write checkpoints and logs in .*below: .*model is not a directory; "
+        r"pass --model_dir with a writable folder",
     ):
         prepare_model_dir(str(regular_file / "below"))
     prepare_model_dir(str(tmp_path / "new" / "model"))

@@ -8,6 +8,7 @@ a script can test: 1 for an error, 128 + the signal number for a signal.
 from __future__ import annotations
 
 import contextlib
+import errno
 import re
 import sys
 from collections.abc import Iterator
@@ -31,6 +32,27 @@ def os_reason(error: Exception) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     return os_message(error).rsplit(";", 1)[-1].strip()
+
+
+def is_full_disk(error: Exception) -> bool:
+    """Whether an I/O error says the disk (or the user's quota) is full."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(error, tf.errors.ResourceExhaustedError)
+
+
+def write_failure(error: Exception, what: str, folder: str, flag: str) -> str:
+    """The one-line message for a failed write of `what` into `folder`: the folder, the
+    problem (a full disk, a read-only or forbidden folder) and the fix, free space or
+    `flag` pointing to a folder that can be written."""
+    if is_full_disk(error):
+        return (
+            f"cannot write {what} in {folder}: no space left on the device; free space "
+            f"there or pass {flag} with a folder on a disk with room"
+        )
+    return (
+        f"cannot write {what} in {folder}: {os_reason(error)}; pass {flag} with a writable folder"
+    )
 
 
 @contextlib.contextmanager

@@ -59,8 +59,7 @@ def prepare_model_dir(model_dir: str) -> None:
         tf.io.gfile.remove(probe)
     except (tf.errors.OpError, OSError) as error:
         raise ModelDirError(
-            f"cannot write to --model_dir {model_dir} ({errors.os_reason(error)}): choose a "
-            "writable folder"
+            errors.write_failure(error, "checkpoints and logs", model_dir, "--model_dir")
         ) from None
 
 
@@ -231,11 +230,11 @@ class Runner:
         except (tf.errors.OpError, OSError) as error:
             self._remove_partial_checkpoint(step)
             kept = self.latest_checkpoint
-            raise ModelDirError(
-                f"could not write checkpoint {step} to {self._checkpoint_dir()} "
-                f"({errors.os_reason(error)}): free space or choose another --model_dir; "
-                f"{f'the last complete checkpoint is {kept}' if kept else 'none was kept'}"
-            ) from None
+            failure = errors.write_failure(
+                error, f"checkpoint {step}", self._checkpoint_dir(), "--model_dir"
+            )
+            left = f"the last complete checkpoint is {kept}" if kept else "none was kept"
+            raise ModelDirError(f"{failure}; {left}") from None
         if not self.is_chief:
             tf.io.gfile.rmtree(self._checkpoint_dir())
             return None
