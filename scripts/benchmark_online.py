@@ -243,7 +243,9 @@ class _ExportWatcher(threading.Thread):
                         position = export.read_info(path)["position"]
                     except (tf.errors.NotFoundError, FileNotFoundError):
                         continue  # already replaced by a newer one
-                    self.seen.append((time.time(), position))
+                    # A Redis position is {"id": last entry read, "dead_letters": n}.
+                    stream_id = position["id"] if isinstance(position, dict) else position
+                    self.seen.append((time.time(), stream_id))
             time.sleep(0.02)
 
 
