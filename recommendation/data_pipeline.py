@@ -131,7 +131,11 @@ class DataProducer:
     # -- life cycle ---------------------------------------------------------
 
     def __enter__(self) -> DataProducer:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # a failed or interrupted start leaves no process or folder either
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:

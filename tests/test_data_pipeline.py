@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from official.utils.logs import mlperf_helper
+from official.utils.misc import signals
 from recommendation import constants, data_pipeline, data_preprocessing, synthetic_data
 from recommendation.data_async_generation import GenerationParams, Producer
 from recommendation.data_pipeline import DataProducer, ProducerError
@@ -309,3 +310,13 @@ def test_an_unwritable_run_folder_is_one_clear_error(cache_path, tmp_path):
         "with a writable folder",
     ):
         DataProducer(_params(cache_path), str(blocked / "runs")).start()
+
+
+def test_a_start_interrupted_before_the_producer_is_up_leaves_nothing(cache_path, tmp_path):
+    producer = DataProducer(_params(cache_path), str(tmp_path))
+    with signals.stop_on_signals():
+        os.kill(os.getpid(), signal.SIGTERM)  # pending: raised while start waits
+        with pytest.raises(signals.Interrupted), producer:
+            pytest.fail("the producer started although a stop was pending")
+    assert producer._process.poll() is not None  # started, then stopped
+    assert os.listdir(tmp_path) == []
