@@ -465,12 +465,15 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
-    with errors.exit_on_user_errors(
-        movielens.DataError,
-        data_pipeline.ProducerError,
-        export.ExportError,
-        ModelDirError,
-        ValueError,
+    with (
+        signals.stop_on_signals(),
+        errors.exit_on_user_errors(
+            movielens.DataError,
+            data_pipeline.ProducerError,
+            export.ExportError,
+            ModelDirError,
+            ValueError,
+        ),
     ):
         summary = run(config).summary
     print(summary_line(summary, config.model.top_k))

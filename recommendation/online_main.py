@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import sys
 import time
 
 import numpy as np
@@ -29,6 +28,8 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from official.utils.flags import core
+from official.utils.misc import errors
+from official.utils.misc.runner import ModelDirError, prepare_model_dir
 from recommendation import data_async_generation, ncf_common
 from recommendation.online import callbacks, online_ncf, sources
 from recommendation.online.online_ncf import OnlineParams
@@ -188,7 +189,7 @@ def run(config: OnlineConfig) -> dict:
         tf.keras.utils.set_random_seed(config.seed)
     if config.clean and tf.io.gfile.exists(config.model_dir):
         tf.io.gfile.rmtree(config.model_dir)
-    tf.io.gfile.makedirs(config.model_dir)
+    prepare_model_dir(config.model_dir)
     rec_model: RecModel = online_ncf.build_rec_model(
         config.model, config.amp_level, config.boost_level
     )
@@ -407,10 +408,9 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = config_from_flags(flags.FLAGS)
     start = time.perf_counter()
-    try:
+    # Stop signals are RecModel's: it finishes the step, checkpoints and returns.
+    with errors.exit_on_user_errors(redis.RedisError, ValueError, ModelDirError):
         summary = run(config)
-    except (redis.RedisError, ValueError, tf.errors.OpError) as error:
-        sys.exit(f"error: {error}")
     logging.info("online training ran %.1f s", time.perf_counter() - start)
     print(summary_line(summary, config.model.top_k))
 

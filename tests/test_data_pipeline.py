@@ -226,7 +226,7 @@ def test_crashing_producer_reports_status_and_log(tmp_path):
 
 _TRAINER = textwrap.dedent("""
     import sys
-    from official.utils.misc import errors
+    from official.utils.misc import errors, signals
     from recommendation.data_async_generation import GenerationParams
     from recommendation.data_pipeline import DataProducer
     params = GenerationParams(cache_path=sys.argv[1], batch_size=512, eval_users_per_batch=10,
@@ -234,10 +234,11 @@ _TRAINER = textwrap.dedent("""
                               seed=1)
     # As an entry point runs it: signals end the wait for a cycle that never comes
     # (the first two are never released, so the producer has no room for a third).
-    with errors.exit_on_user_errors(), DataProducer(params, sys.argv[2]) as producer:
-        producer.eval_data()
-        print(producer._process.pid, flush=True)
-        producer.cycle(2)
+    with signals.stop_on_signals(), errors.exit_on_user_errors():
+        with DataProducer(params, sys.argv[2]) as producer:
+            producer.eval_data()
+            print(producer._process.pid, flush=True)
+            producer.cycle(2)
 """)
 
 

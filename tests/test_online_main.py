@@ -394,6 +394,10 @@ def test_exports_are_never_seen_half_written(tmp_path):
     [
         ([], "give exactly one source"),
         (["--redis_url=redis://127.0.0.1:1/0"], "cannot reach Redis"),
+        (
+            ["--events_dir=/nowhere", "--model_dir=/dev/null"],
+            "error: --model_dir /dev/null is a file, not a folder",
+        ),
     ],
 )
 def test_bad_input_exits_with_one_clear_line(tmp_path, flags, message):
@@ -406,3 +410,4 @@ def test_bad_input_exits_with_one_clear_line(tmp_path, flags, message):
         timeout=120,
     )
     assert result.returncode != 0 and message in result.stderr
+    assert "Traceback" not in result.stderr

@@ -57,16 +57,16 @@ def write_failure(error: Exception, what: str, folder: str, flag: str) -> str:
 
 @contextlib.contextmanager
 def exit_on_user_errors(*user_errors: type[Exception]) -> Iterator[None]:
-    """Turns `user_errors` (whose messages say what to do), I/O errors and stop signals
-    into one line on stderr and the exit status; everything else stays a traceback,
-    since it is a bug to report."""
-    with signals.stop_on_signals():
-        try:
-            yield
-        except signals.Interrupted as stop:
-            print(f"{stop}: {stop.kept or 'nothing was kept'}", file=sys.stderr, flush=True)
-            sys.exit(stop.exit_code)
-        except user_errors as error:
-            sys.exit(f"error: {error}")
-        except (OSError, tf.errors.OpError) as error:
-            sys.exit(f"error: {os_message(error)}")
+    """Turns `user_errors` (whose messages say what to do), I/O errors and
+    `signals.Interrupted` into one line on stderr and the exit status; everything else
+    stays a traceback, since it is a bug to report. (Signals become `Interrupted` only
+    inside `signals.stop_on_signals`.)"""
+    try:
+        yield
+    except signals.Interrupted as stop:
+        print(f"{stop}: {stop.kept or 'nothing was kept'}", file=sys.stderr, flush=True)
+        sys.exit(stop.exit_code)
+    except user_errors as error:
+        sys.exit(f"error: {error}")
+    except (OSError, tf.errors.OpError) as error:
+        sys.exit(f"error: {os_message(error)}")
