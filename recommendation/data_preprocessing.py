@@ -32,7 +32,6 @@ import io
 import json
 import os
 import time
-import uuid
 import zipfile
 from collections.abc import Iterator
 
@@ -41,6 +40,7 @@ import pandas as pd
 import tensorflow as tf
 from absl import logging
 
+from official.utils.misc import atomic
 from recommendation import constants, movielens, synthetic_data
 from recommendation.movielens import DataError, RawRatings
 
@@ -506,7 +506,7 @@ def _read_cache(path: str, config: DataConfig) -> tuple[PreprocessedData | None,
 
 
 def _write_cache(cache_dir: str, data: PreprocessedData, metadata: dict) -> None:
-    """Writes arrays and metadata to temporary names, then renames them into place.
+    """Writes arrays and metadata atomically, both written before either is renamed.
 
     Raises:
         DataError: `cache_dir` cannot be written (read-only, forbidden, full); no
@@ -516,24 +516,15 @@ def _write_cache(cache_dir: str, data: PreprocessedData, metadata: dict) -> None
     text = json.dumps(metadata, indent=2, sort_keys=True)
     packed = io.BytesIO()  # zip writing needs seeks, which gfile writers lack
     np.savez(packed, metadata=np.array(text), **arrays)
-    written = {}  # final path -> temporary path
     try:
         tf.io.gfile.makedirs(cache_dir)
-        for name, contents in (
-            (CACHE_FILE, packed.getvalue()),
-            (CACHE_METADATA_FILE, text.encode()),
-        ):
-            temp_path = os.path.join(cache_dir, f".{name}.tmp-{uuid.uuid4().hex}")
-            written[os.path.join(cache_dir, name)] = temp_path
-            with tf.io.gfile.GFile(temp_path, "wb") as out:
-                out.write(contents)
-        for final_path, temp_path in written.items():
-            tf.io.gfile.rename(temp_path, final_path, overwrite=True)
+        atomic.write_files(
+            {
+                os.path.join(cache_dir, CACHE_FILE): packed.getvalue(),
+                os.path.join(cache_dir, CACHE_METADATA_FILE): text,
+            }
+        )
     except (tf.errors.OpError, OSError) as error:
         raise movielens.write_error(
             error, "the preprocessing cache", cache_dir, "--cache_dir"
         ) from None
-    finally:
-        for temp_path in written.values():
-            if tf.io.gfile.exists(temp_path):
-                tf.io.gfile.remove(temp_path)

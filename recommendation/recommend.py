@@ -18,12 +18,12 @@ import csv
 import io
 import os
 import sys
-import uuid
 
 import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
+from official.utils.misc import atomic
 from recommendation import export, movielens
 from recommendation.movielens import DataError
 
@@ -160,7 +160,7 @@ def format_table(user: int, item_ids, scores, titles: dict[int, str] | None) -> 
 
 
 def write_csv(path: str, users, item_ids, scores, titles: dict[int, str] | None) -> int:
-    """Writes the rows to `path` through a temporary file; returns how many."""
+    """Writes the rows to `path` atomically; returns how many."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["user_id", "rank", "item_id", "score"] + ([] if titles is None else ["title"]))
@@ -168,14 +168,7 @@ def write_csv(path: str, users, item_ids, scores, titles: dict[int, str] | None)
     for row in _rows(users, item_ids, scores, titles):
         writer.writerow(row)
         count += 1
-    temp_path = f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
-        with tf.io.gfile.GFile(temp_path, "w") as out:
-            out.write(text.getvalue())
-        tf.io.gfile.rename(temp_path, path, overwrite=True)
-    finally:
-        if tf.io.gfile.exists(temp_path):
-            tf.io.gfile.remove(temp_path)
+    atomic.write_file(path, text.getvalue())
     return count
 
 

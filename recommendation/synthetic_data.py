@@ -24,6 +24,7 @@ import pyarrow.csv as pa_csv
 import tensorflow as tf
 from absl import app, flags, logging
 
+from official.utils.misc import atomic
 from official.utils.misc.progress import ProgressBar
 from recommendation import constants
 from recommendation.movielens import DataError, RawRatings
@@ -262,18 +263,11 @@ def write_ratings_csv(ratings: RawRatings, path: str) -> None:
             "timestamp": ratings.timestamps,
         }
     )
+    text = pa.BufferOutputStream()  # pyarrow cannot write to a gfile handle
+    options = pa_csv.WriteOptions(quoting_style="none", quoting_header="none")
+    pa_csv.write_csv(table, text, options)
     tf.io.gfile.makedirs(os.path.dirname(path))
-    temp_path = f"{path}.tmp-{os.getpid()}"
-    try:
-        text = pa.BufferOutputStream()  # pyarrow cannot write to a gfile handle
-        options = pa_csv.WriteOptions(quoting_style="none", quoting_header="none")
-        pa_csv.write_csv(table, text, options)
-        with tf.io.gfile.GFile(temp_path, "wb") as out:
-            out.write(text.getvalue().to_pybytes())
-        tf.io.gfile.rename(temp_path, path, overwrite=True)
-    finally:
-        if tf.io.gfile.exists(temp_path):
-            tf.io.gfile.remove(temp_path)
+    atomic.write_file(path, text.getvalue().to_pybytes())
 
 
 def main(argv: list[str]) -> None:

@@ -4,6 +4,8 @@ values; old versions removed."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -55,8 +57,10 @@ def test_versions_keep_increasing_after_a_restart_from_an_older_step(tmp_path):
     exporter = export.Exporter(str(tmp_path), crashed, {"serving_default": crashed.serve}, keep=2)
     exporter.export(10, {"step": 10})
     exporter.export(20, {"step": 20})  # then killed before its checkpoint
-    os.makedirs(tmp_path / ".tmp-30-4242" / "variables")  # killed mid-export
-    os.makedirs(tmp_path / ".old-10-4242")  # killed mid-prune
+    killed = subprocess.Popen([sys.executable, "-c", ""])
+    killed.wait()  # its pid now belongs to no process
+    os.makedirs(tmp_path / f".30.tmp-{killed.pid}-0badcafe" / "variables")  # killed mid-export
+    os.makedirs(tmp_path / f".10.tmp-{killed.pid}-0badf00d")  # killed mid-prune
     resumed = _Scaler()  # restarted from step 0, with other values
     resumed.weight.assign(5.0)
     resumed.table.insert(tf.constant([1], tf.int64), tf.constant([1.0]))

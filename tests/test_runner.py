@@ -207,7 +207,8 @@ def test_an_export_moved_aside_by_a_killed_export_is_put_back(tmp_path):
     runner.export_saved_model(str(tmp_path / "export"), _serving)
     finished = subprocess.Popen([sys.executable, "-c", ""])
     finished.wait()  # its pid now belongs to no process
-    os.rename(tmp_path / "export", tmp_path / f"export.old-{finished.pid}")
+    # As a swap killed between its renames leaves it: aside, under the dead writer's pid.
+    os.rename(tmp_path / "export", tmp_path / f"export.old-{finished.pid}-0badcafe")
     with pytest.raises(RuntimeError, match="injected"):
         runner.export_saved_model(str(tmp_path / "export"), _serving, finalize=_fail)
     assert _exports(tmp_path) == ["export"]

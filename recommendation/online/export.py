@@ -2,9 +2,10 @@
 
 Layout (the one TensorFlow Serving polls): ``EXPORT_BASE/<version>/`` with a
 SavedModel and ``export_info.json`` (step, stream position, time). A version is
-written under a hidden temporary name in the same folder and renamed into place, so a
-reader listing numeric folders never sees one half-written; versions beyond `keep`
-are renamed aside (hidden) before they are deleted, so they vanish at once too.
+written under a hidden temporary name in the same folder and renamed into place
+(`atomic.replace_folder`), so a reader listing numeric folders never sees one
+half-written; versions beyond `keep` are renamed aside (hidden) before they are
+deleted (`atomic.remove_folder`), so they vanish at once too.
 
 Versions only ever increase, across restarts too: a version is the training step, or
 one more than the newest version in the folder when that is higher. A trainer that
@@ -21,6 +22,8 @@ import os
 import time
 
 import tensorflow as tf
+
+from official.utils.misc import atomic
 
 INFO_FILE = "export_info.json"
 
@@ -68,7 +71,9 @@ class Exporter:
         self.module, self.signatures = module, signatures
         self._graph_files: dict[str, bytes] | None = None
         self._variables = tf.train.Checkpoint(root=module)
-        _remove_leftovers(export_base)
+        # What an exporter killed midway left: half-written versions, versions being
+        # deleted.
+        atomic.remove_leftovers(export_base)
 
     def export(self, step: int, info: dict) -> str:
         """Writes the model at `step` as the next version (`step`, or one more than the
@@ -78,21 +83,20 @@ class Exporter:
         existing = versions(self.export_base)
         version = max(step, existing[-1] + 1) if existing else step
         final = os.path.join(self.export_base, str(version))
-        temp = os.path.join(self.export_base, f".tmp-{version}-{os.getpid()}")
-        if self._graph_files is None:
-            tf.saved_model.save(self.module, temp, signatures=self.signatures)
-            self._graph_files = _graph_files(temp)
-        else:
-            for name, content in self._graph_files.items():
-                tf.io.gfile.makedirs(os.path.dirname(os.path.join(temp, name)))
-                with tf.io.gfile.GFile(os.path.join(temp, name), "wb") as out:
-                    out.write(content)
-            self._variables.write(os.path.join(temp, "variables", "variables"))
-        with tf.io.gfile.GFile(os.path.join(temp, INFO_FILE), "w") as out:
-            json.dump({**info, "version": version, "exported_at": time.time()}, out)
-        tf.io.gfile.rename(temp, final)
+        with atomic.replace_folder(final) as temp:
+            if self._graph_files is None:
+                tf.saved_model.save(self.module, temp, signatures=self.signatures)
+                self._graph_files = _graph_files(temp)
+            else:
+                for name, content in self._graph_files.items():
+                    tf.io.gfile.makedirs(os.path.dirname(os.path.join(temp, name)))
+                    with tf.io.gfile.GFile(os.path.join(temp, name), "wb") as out:
+                        out.write(content)
+                self._variables.write(os.path.join(temp, "variables", "variables"))
+            with tf.io.gfile.GFile(os.path.join(temp, INFO_FILE), "w") as out:
+                json.dump({**info, "version": version, "exported_at": time.time()}, out)
         for old in versions(self.export_base)[: -self.keep]:
-            _remove(self.export_base, os.path.join(self.export_base, str(old)))
+            atomic.remove_folder(os.path.join(self.export_base, str(old)))
         return final
 
 
@@ -107,19 +111,3 @@ def _graph_files(saved_model_dir: str) -> dict[str, bytes]:
             with tf.io.gfile.GFile(os.path.join(folder, name), "rb") as stream:
                 found[os.path.normpath(os.path.join(relative, name))] = stream.read()
     return found
-
-
-def _remove(export_base: str, path: str) -> None:
-    hidden = os.path.join(export_base, f".old-{os.path.basename(path)}-{os.getpid()}")
-    tf.io.gfile.rename(path, hidden, overwrite=True)
-    tf.io.gfile.rmtree(hidden)
-
-
-def _remove_leftovers(export_base: str) -> None:
-    """Deletes the hidden folders (``.tmp-*`` half-written versions, ``.old-*``
-    versions being deleted) an exporter killed midway left behind."""
-    if not tf.io.gfile.isdir(export_base):
-        return
-    for name in tf.io.gfile.listdir(export_base):
-        if name.startswith((".tmp-", ".old-")):
-            tf.io.gfile.rmtree(os.path.join(export_base, name.rstrip("/")))

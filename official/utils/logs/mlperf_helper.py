@@ -37,6 +37,8 @@ from absl import logging
 from mlperf_logging.mllog import constants as mllog_constants
 from mlperf_logging.mllog import mllog
 
+from official.utils.misc import atomic
+
 MLLOG, V05 = "mllog", "v0.5"
 FORMATS = (MLLOG, V05)
 DEFAULT_LOG_FILE = "mlperf_compliance.log"
@@ -304,11 +306,7 @@ def merge_logs(path: str, part_path: str, final_lines: list[str]) -> None:
         _timed_lines(path), _timed_lines(part_path), key=lambda timed: timed[0]
     )  # stable: at equal times the main log's line comes first
     lines = [line for _, line in merged] + final_lines
-    text = "".join(line + "\n" for line in lines)
-    temp_path = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(temp_path, "w") as out:
-        out.write(text)
-    tf.io.gfile.rename(temp_path, path, overwrite=True)
+    atomic.write_file(path, "".join(line + "\n" for line in lines))
     if tf.io.gfile.exists(part_path):
         tf.io.gfile.remove(part_path)
 

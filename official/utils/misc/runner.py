@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import distribution_utils, errors, signals
+from official.utils.misc import atomic, distribution_utils, errors, signals
 
 
 class ModelDirError(Exception):
@@ -402,9 +402,10 @@ class Runner:
         """Exports a SavedModel for serving, never leaving a half-written one behind.
 
         Everything is written to a temporary sibling folder, which is renamed into place
-        only once complete: a reader never sees a partial export, and a failure removes
-        the temporary folder and leaves any earlier export untouched. Temporary folders
-        of exports killed mid-way (their process is gone) are removed on the next export.
+        only once complete (`atomic.replace_folder`): a reader never sees a partial
+        export, and a failure removes the temporary folder and leaves any earlier export
+        untouched. What exports killed mid-way (their process is gone) left is cleaned up
+        by the next export: temporary folders removed, an earlier export put back.
 
         Args:
             export_dir: Destination; replaced if it holds an earlier SavedModel.
@@ -418,31 +419,22 @@ class Runner:
             ValueError: `export_dir` exists and is neither empty nor a SavedModel.
         """
         export_dir = export_dir.rstrip("/")
-        _remove_stale_temporaries(export_dir)
-        if (
-            tf.io.gfile.exists(export_dir)
-            and tf.io.gfile.listdir(export_dir)
-            and not tf.saved_model.contains_saved_model(export_dir)
-        ):
-            raise ValueError(
-                f"export_dir {export_dir} exists and is not a SavedModel; "
-                "choose a new or empty folder"
-            )
-        module, signatures = build_serving(self.predict, self.state.model)
-        temp_dir = f"{export_dir}{_TEMP_INFIX}{os.getpid()}"
-        try:
+        # Beside a folder the user named, a leftover should be seen: temporaries are
+        # visible siblings (``<export_dir>.tmp-<pid>-<token>``).
+        with atomic.replace_folder(export_dir, hidden=False) as temp_dir:
+            if (
+                tf.io.gfile.exists(export_dir)
+                and tf.io.gfile.listdir(export_dir)
+                and not tf.saved_model.contains_saved_model(export_dir)
+            ):
+                raise ValueError(
+                    f"export_dir {export_dir} exists and is not a SavedModel; "
+                    "choose a new or empty folder"
+                )
+            module, signatures = build_serving(self.predict, self.state.model)
             tf.saved_model.save(module, temp_dir, signatures=signatures)
             if finalize is not None:
                 finalize(temp_dir)
-            old_dir = f"{export_dir}{_OLD_INFIX}{os.getpid()}"
-            if tf.io.gfile.exists(export_dir):
-                tf.io.gfile.rename(export_dir, old_dir)
-            tf.io.gfile.rename(temp_dir, export_dir)
-            if tf.io.gfile.exists(old_dir):
-                tf.io.gfile.rmtree(old_dir)
-        finally:
-            if tf.io.gfile.exists(temp_dir):
-                tf.io.gfile.rmtree(temp_dir)
         return export_dir
 
 
@@ -460,41 +452,3 @@ def _quiet_tensorflow_warnings() -> Iterator[None]:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
-
-
-# Sibling folders of an export in progress: ``<export_dir>.tmp-<pid>`` is being
-# written, ``<export_dir>.old-<pid>`` is the export it replaces, until the rename.
-_TEMP_INFIX = ".tmp-"
-_OLD_INFIX = ".old-"
-
-
-def _remove_stale_temporaries(export_dir: str) -> None:
-    """Cleans up after exports on this host whose process died (or was this one).
-
-    A killed export's temporary folder is deleted; the earlier export it was about
-    to replace is put back if nothing took its place.
-    """
-    for infix in (_TEMP_INFIX, _OLD_INFIX):
-        for path in tf.io.gfile.glob(f"{export_dir}{infix}*"):
-            pid = path.rsplit(infix, 1)[1]
-            if not pid.isdigit() or _process_alive(int(pid)):
-                continue
-            if infix == _OLD_INFIX and not tf.io.gfile.exists(export_dir):
-                logging.info("Restoring %s, moved aside by an interrupted export", export_dir)
-                tf.io.gfile.rename(path, export_dir)
-            else:
-                logging.info("Removing %s, left by an interrupted export", path)
-                tf.io.gfile.rmtree(path)
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether another process with `pid` runs on this host."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,0 +1,201 @@
+"""Atomic writes of files and folders through `tf.io.gfile` (local paths and ``gs://``).
+
+A reader sees a file or a folder whole or not at all: it is written under a temporary
+name beside its destination and renamed into place only once complete. Every
+temporary name follows one scheme, ``[.]<name>.<kind>-<pid>-<token>`` (hidden, with
+the dot, for files and for folders unless asked otherwise):
+
+- kind ``tmp``: being written, or being deleted (`remove_folder`);
+- kind ``old``: a folder that `replace_folder` moved aside to make room for its new
+  contents, until those are in place.
+
+The pid names the writer, so what a killed writer left is attributed to it: once its
+process is gone, the next writer of the same destination (or `remove_leftovers`)
+deletes its temporaries and puts a folder it moved aside back if nothing took its
+place; what a running writer holds is left alone. Liveness is judged on this host: a
+writer on another host sharing a ``gs://`` folder counts as dead unless its pid runs
+here too.
+
+On ``gs://`` a rename is a copy and a delete: a file still appears whole (one object),
+a folder does not, so readers of a folder there trust a marker file written last
+(`write_file`) rather than the folder's presence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+
+import tensorflow as tf
+from absl import logging
+
+_TEMP, _ASIDE = "tmp", "old"
+_LEFTOVER = re.compile(r"(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]+")
+
+# Temporary paths this process is using now: its own pid is running, but a leftover
+# under it is stale (a process before it had the same pid) unless listed here.
+_in_use: set[str] = set()
+_in_use_lock = threading.Lock()
+
+
+def write_file(path: str, data: bytes | str) -> None:
+    """Writes `data` (str as UTF-8) to `path`, replacing it atomically.
+
+    Raises:
+        tf.errors.OpError, OSError: The write failed; `path` is as it was and no
+            temporary file is left.
+    """
+    write_files({path: data})
+
+
+def write_files(contents: Mapping[str, bytes | str]) -> None:
+    """Writes several files that belong together (path -> data, str as UTF-8).
+
+    Every file is written to its temporary name before any is renamed into place, so
+    a failure while writing (a full disk) leaves all of them as they were; the renames
+    follow in order. A dead writer's temporaries of these paths are removed first.
+
+    Raises:
+        tf.errors.OpError, OSError: A write or rename failed; no temporary file is left.
+    """
+    temps = {path: _temp_path(path, _TEMP, hidden=True) for path in contents}
+    with _using(*temps.values()):
+        try:
+            for path in contents:
+                remove_leftovers(os.path.dirname(path) or ".", os.path.basename(path))
+            for path, data in contents.items():
+                with tf.io.gfile.GFile(temps[path], "wb") as out:
+                    out.write(data.encode() if isinstance(data, str) else data)
+            for path, temp in temps.items():
+                tf.io.gfile.rename(temp, path, overwrite=True)
+        finally:
+            for temp in temps.values():
+                if tf.io.gfile.exists(temp):
+                    tf.io.gfile.remove(temp)
+
+
+@contextlib.contextmanager
+def replace_folder(path: str, hidden: bool = True) -> Iterator[str]:
+    """Yields a temporary folder (not yet created) to write `path`'s new contents into;
+    when the block ends normally it takes the place of `path`.
+
+    An existing `path` is moved aside, replaced and then deleted; if the replacement
+    fails it is put back, and if the process dies between the two renames the next
+    writer puts it back. An exception in the block leaves `path` as it was and deletes
+    the temporary folder. A dead writer's leftovers of `path` are cleaned up first.
+
+    Args:
+        path: The destination folder.
+        hidden: Temporary names start with a dot: for a folder others list (an export
+            base that servers poll), not for one beside a folder the user named, where
+            a leftover should be seen.
+    """
+    path = path.rstrip("/")
+    remove_leftovers(os.path.dirname(path) or ".", os.path.basename(path), hidden)
+    temp = _temp_path(path, _TEMP, hidden)
+    with _using(temp):
+        try:
+            yield temp
+            if tf.io.gfile.exists(path):
+                aside = _temp_path(path, _ASIDE, hidden)
+                with _using(aside):
+                    tf.io.gfile.rename(path, aside)
+                    try:
+                        tf.io.gfile.rename(temp, path)
+                    finally:
+                        _settle_aside(aside, path)
+            else:
+                tf.io.gfile.rename(temp, path)
+        finally:
+            if tf.io.gfile.exists(temp):
+                tf.io.gfile.rmtree(temp)
+
+
+def remove_folder(path: str, hidden: bool = True) -> None:
+    """Deletes folder `path` so that it vanishes at once: it is renamed to a temporary
+    name first (a listing never shows it half-deleted), then deleted; a writer that
+    dies in between leaves a temporary for the next one to remove."""
+    doomed = _temp_path(path.rstrip("/"), _TEMP, hidden)
+    with _using(doomed):
+        tf.io.gfile.rename(path, doomed)
+        tf.io.gfile.rmtree(doomed)
+
+
+def remove_leftovers(folder: str, name: str | None = None, hidden: bool = True) -> None:
+    """Cleans up what writers that no longer run left in `folder` (for destination
+    `name` only, if given): their temporaries are deleted, and a folder moved aside is
+    put back if nothing took its place (else deleted).
+
+    Args:
+        folder: Where to look.
+        name: Only leftovers of this destination; None: all of them.
+        hidden: Which names to look for (`replace_folder`'s flag; files are hidden).
+    """
+    if not tf.io.gfile.isdir(folder):
+        return
+    prefix = "." if hidden else ""
+    for entry in tf.io.gfile.listdir(folder):
+        entry = entry.rstrip("/")  # gs:// lists folders with a slash
+        match = _LEFTOVER.fullmatch(entry[len(prefix) :]) if entry.startswith(prefix) else None
+        if match is None or (name is not None and match["name"] != name):
+            continue
+        path = os.path.join(folder, entry)
+        if _writer_running(int(match["pid"]), path):
+            continue
+        if match["kind"] == _ASIDE:
+            _settle_aside(path, os.path.join(folder, match["name"]))
+        else:
+            logging.info("Removing %s, left by an interrupted write", path)
+            _delete(path)
+
+
+def _temp_path(path: str, kind: str, hidden: bool) -> str:
+    folder, name = os.path.split(path)
+    prefix = "." if hidden else ""
+    return os.path.join(folder, f"{prefix}{name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+@contextlib.contextmanager
+def _using(*paths: str) -> Iterator[None]:
+    """Marks `paths` as this process's work in progress while the block runs."""
+    with _in_use_lock:
+        _in_use.update(paths)
+    try:
+        yield
+    finally:
+        with _in_use_lock:
+            _in_use.difference_update(paths)
+
+
+def _settle_aside(aside: str, path: str) -> None:
+    """Puts the folder moved aside back if nothing took its place, else deletes it."""
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(aside)
+    else:
+        logging.info("Restoring %s, moved aside by an interrupted write", path)
+        tf.io.gfile.rename(aside, path)
+
+
+def _delete(path: str) -> None:
+    if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+    else:
+        tf.io.gfile.remove(path)
+
+
+def _writer_running(pid: int, path: str) -> bool:
+    """Whether the writer that left `path` still runs on this host."""
+    if pid == os.getpid():
+        with _in_use_lock:
+            return path in _in_use
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
