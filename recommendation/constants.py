@@ -2,6 +2,7 @@
 
 These are defaults, not switches: every value a test or a user may want to change is
 also a flag or a function argument, so nothing here ever needs to be monkey-patched.
+The names and defaults of the producer/trainer file protocol are in `run_folder`.
 """
 
 # Users with fewer ratings than this are dropped (the NCF and MLPerf protocol).
@@ -36,20 +37,5 @@ VALID_POINT_MASK = "valid_point_mask"
 DUPLICATE_MASK = "duplicate_mask"
 LABELS = "labels"
 
-# The producer/trainer file protocol inside a run folder.
-ALIVE_FILE = "alive.json"  # producer: I am running
-PARAMS_FILE = "params.json"  # trainer: generate this
-PROGRESS_FILE = "progress.json"  # producer: still working (rewritten as work advances)
-READY_FILE = "READY.json"  # producer: this folder is complete
-PRODUCER_LOG = "producer.log"
-EVAL_FOLDER = "eval"
-
 # The benchmark name in MLPerf compliance logs.
 MLPERF_BENCHMARK = "ncf"
-
-# How often each side of the protocol looks for the other's files.
-POLL_SEC = 0.05
-# Training cycles the producer may have written but the trainer not yet consumed.
-CYCLES_TO_BUFFER = 2
-# Shards per cycle: enough for parallel reads, few enough to keep files large.
-NUM_SHARDS = 8

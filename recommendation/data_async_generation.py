@@ -2,18 +2,8 @@
 
 Runs as its own process (``python -m recommendation.data_async_generation --run_dir
 DIR``), started by the trainer (`data_pipeline.DataProducer`), so sampling overlaps
-training. The protocol, all inside the run folder:
-
-1. the producer writes ``alive.json``; the trainer answers with ``params.json`` (both
-   written to a temporary name and renamed);
-2. the producer writes the evaluation set once into ``eval/``, then training cycles
-   ``cycle_00000/``, ``cycle_00001/`` ... at most `cycles_to_buffer` ahead of the
-   trainer, which deletes each cycle once it has read it;
-3. each folder holds shards of batch-serialised TFRecords (one record = one whole
-   batch) and, written last by an atomic rename, ``READY.json`` with the batch size
-   and count; the trainer never opens a folder before its ready file exists;
-4. ``progress.json`` is rewritten as work advances, so the trainer can tell a slow
-   producer from a stuck one.
+training. What it reads and writes in the run folder, and in which order, is the
+protocol of `run_folder`.
 
 Every piece of random work draws from its own stream (`stat_utils.rng_for`, keyed
 by seed, epoch and chunk), so the files are byte-identical for a given seed whatever
@@ -28,7 +18,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -38,84 +27,25 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from official.utils.logs import mlperf_helper
-from official.utils.misc import errors
-from recommendation import constants, data_preprocessing, stat_utils
+from official.utils.misc import atomic, errors
+from recommendation import constants, data_preprocessing, run_folder, stat_utils
 from recommendation.data_preprocessing import PreprocessedData
+from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams, RecordField
 
 # Stream tags of `stat_utils.rng_for`, one per kind of random work.
 _NEGATIVES, _SHUFFLE, _EVAL = 1, 2, 3
 _CHUNK = 1 << 20  # sampling work unit (points); fixed so output ignores worker count
 _EVAL_CHUNK_USERS = 4096
-# Producer threads: about 0.75 x cores leaves room for the trainer.
-DEFAULT_NUM_WORKERS = max(1, int(0.75 * (os.cpu_count() or 1)))
-
-
-# Starts the one line the producer writes to its log when its files cannot be written.
-FAILURE_PREFIX = "error: "
 
 
 class ProducerStopped(Exception):
     """The trainer went away or asked the producer to stop."""
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerationParams:
-    """What the trainer asks the producer to generate (``params.json``).
-
-    Attributes:
-        cache_path: Preprocessing cache (`data_preprocessing.read_cache`).
-        batch_size: Training points per batch (global, across replicas).
-        eval_users_per_batch: Evaluation users per batch (each a block of points).
-        num_neg: Negatives per training positive.
-        num_eval_negatives: Sampled negatives per evaluation user (ignored when the
-            dataset has fixed negatives).
-        epochs_per_cycle: Epochs in each training cycle, in order.
-        first_epoch: Number of the first epoch (resumed runs continue the epoch
-            numbering, and so the random streams, where they stopped).
-        seed: Base seed of every random stream.
-        num_shards: TFRecord files per folder.
-        cycles_to_buffer: Cycles written ahead of the trainer.
-        num_workers: Threads sampling and writing (about 0.75 x cores).
-        mlperf_log_file: Where the producer writes its MLPerf compliance lines, for
-            the trainer to merge into its log ("" = no compliance logging).
-        mlperf_log_format: ``mllog`` or ``v0.5``.
-    """
-
-    cache_path: str
-    batch_size: int
-    eval_users_per_batch: int
-    num_neg: int
-    num_eval_negatives: int
-    epochs_per_cycle: tuple[int, ...]
-    seed: int
-    first_epoch: int = 0
-    num_shards: int = constants.NUM_SHARDS
-    cycles_to_buffer: int = constants.CYCLES_TO_BUFFER
-    num_workers: int = DEFAULT_NUM_WORKERS
-    mlperf_log_file: str = ""
-    mlperf_log_format: str = mlperf_helper.MLLOG
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> GenerationParams:
-        values = json.loads(text)
-        values["epochs_per_cycle"] = tuple(values["epochs_per_cycle"])
-        return cls(**values)
-
-
-def cycle_folder(run_dir: str, cycle: int) -> str:
-    return os.path.join(run_dir, f"cycle_{cycle:05d}")
-
-
-def write_json_atomically(path: str, payload: dict | str) -> None:
-    """Writes `payload` to a temporary name beside `path`, then renames it."""
-    text = payload if isinstance(payload, str) else json.dumps(payload, sort_keys=True)
-    temp_path = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with tf.io.gfile.GFile(temp_path, "w") as out:
-        out.write(text)
-    tf.io.gfile.rename(temp_path, path, overwrite=True)
+def write_json_atomically(path: str, payload: dict) -> None:
+    """`payload` as JSON, written atomically: online_main's summary file, until it
+    calls `atomic.write_file` itself."""
+    atomic.write_file(path, json.dumps(payload, sort_keys=True))
 
 
 # ---------------------------------------------------------------------------
@@ -227,31 +157,18 @@ def _all_interactions(data: PreprocessedData) -> stat_utils.ExclusionIndex:
 # How it is written
 
 
-def _bytes_feature(values: np.ndarray) -> tf.train.Feature:
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[values.tobytes()]))
-
-
-def serialize_batch(arrays: dict[str, np.ndarray]) -> bytes:
-    """One whole batch as one record: each array as raw little-endian bytes."""
-    features = {key: _bytes_feature(np.ascontiguousarray(value)) for key, value in arrays.items()}
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
-
-
 def _padded_rows(
     columns: dict[str, np.ndarray], start: int, size: int, pad_values: dict[str, int] | None = None
 ) -> dict[str, np.ndarray]:
     """Rows ``start .. start + size`` of each column, padded to `size` rows (with
-    `pad_values`, else 0), plus a valid mask that is 0 on the padding."""
+    `pad_values`, else 0), plus a valid mask that is False on the padding."""
     stop = min(start + size, len(next(iter(columns.values()))))
     batch = {}
     for key, column in columns.items():
         rows = column[start:stop]
         padding = [(0, size - len(rows))] + [(0, 0)] * (rows.ndim - 1)
-        fill = (pad_values or {}).get(key, 0)
-        batch[key] = np.pad(rows, padding, constant_values=fill).astype(
-            np.uint8 if rows.dtype == bool else np.int32
-        )
-    batch[constants.VALID_POINT_MASK] = (np.arange(size) < stop - start).astype(np.uint8)
+        batch[key] = np.pad(rows, padding, constant_values=(pad_values or {}).get(key, 0))
+    batch[constants.VALID_POINT_MASK] = np.arange(size) < stop - start
     return batch
 
 
@@ -281,10 +198,6 @@ def eval_batch(blocks: EvalBlocks, index: int, users_per_batch: int) -> dict[str
     )
 
 
-def shard_name(shard: int) -> str:
-    return f"shard_{shard:03d}.tfrecord"
-
-
 class ShardWriter(Protocol):
     """What a shard file is written through (`tf.io.TFRecordWriter`'s interface)."""
 
@@ -295,12 +208,14 @@ class ShardWriter(Protocol):
 
 def write_shards(
     writers: list[ShardWriter],
-    make_batch,
+    make_batch: Callable[[int], dict[str, np.ndarray]],
+    record: dict[str, RecordField],
     num_batches: int,
     pool: concurrent.futures.Executor,
     first_batch: int = 0,
 ) -> None:
-    """Writes ``make_batch(0 .. num_batches - 1)`` as global batches from `first_batch`.
+    """Writes ``make_batch(0 .. num_batches - 1)``, encoded as `record`, as global
+    batches from `first_batch`.
 
     Global batch ``b`` goes to ``writers[b % len(writers)]``, so reading one record
     from each shard in turn restores batch order. Each shard is written by one task.
@@ -310,7 +225,8 @@ def write_shards(
     def write_shard(shard: int) -> None:
         first = first_batch + (shard - first_batch) % num_shards
         for batch in range(first, first_batch + num_batches, num_shards):
-            writers[shard].write(serialize_batch(make_batch(batch - first_batch)))
+            encoded = run_folder.encode_record(make_batch(batch - first_batch), record)
+            writers[shard].write(encoded)
 
     list(pool.map(write_shard, range(num_shards)))
 
@@ -322,7 +238,7 @@ def open_writers(
 ) -> list[ShardWriter]:
     """Creates `folder` and opens its `num_shards` shard files with `open_writer`."""
     tf.io.gfile.makedirs(folder)
-    return [open_writer(os.path.join(folder, shard_name(s))) for s in range(num_shards)]
+    return [open_writer(path) for path in run_folder.shard_paths(folder, num_shards)]
 
 
 def close_writers(writers: list[ShardWriter]) -> None:
@@ -387,26 +303,24 @@ class Producer:
         self.mlperf.event("preproc_hp_num_eval", blocks.block_size - 1)
         # Sampled negatives are drawn with replacement; fixed ones are used as given.
         self.mlperf.event("preproc_hp_sample_eval_replacement", data.eval_negatives is None)
-        folder = os.path.join(self.run_dir, constants.EVAL_FOLDER)
-        num_batches = -(-len(blocks.users) // params.eval_users_per_batch)
-        writers = open_writers(folder, params.num_shards, self.open_writer)
+        info = EvalInfo(
+            folder=run_folder.eval_folder(self.run_dir),
+            num_batches=-(-len(blocks.users) // params.eval_users_per_batch),
+            users_per_batch=params.eval_users_per_batch,
+            block_size=blocks.block_size,
+            num_users=len(blocks.users),
+            num_shards=params.num_shards,
+        )
+        writers = open_writers(info.folder, info.num_shards, self.open_writer)
         write_shards(
             writers,
-            lambda b: eval_batch(blocks, b, params.eval_users_per_batch),
-            num_batches,
+            lambda b: eval_batch(blocks, b, info.users_per_batch),
+            run_folder.eval_record(info.users_per_batch, info.block_size),
+            info.num_batches,
             pool,
         )
         close_writers(writers)
-        write_json_atomically(
-            os.path.join(folder, constants.READY_FILE),
-            {
-                "num_batches": num_batches,
-                "users_per_batch": params.eval_users_per_batch,
-                "block_size": blocks.block_size,
-                "num_users": len(blocks.users),
-                "num_shards": params.num_shards,
-            },
-        )
+        run_folder.write_ready(info)
         logging.info(
             "Evaluation set: %d users x %d items in %.1f s",
             len(blocks.users),
@@ -420,17 +334,18 @@ class Producer:
             pending = [
                 c
                 for c in range(max(0, cycle - self.params.cycles_to_buffer), cycle)
-                if tf.io.gfile.exists(cycle_folder(self.run_dir, c))
+                if tf.io.gfile.exists(run_folder.cycle_folder(self.run_dir, c))
             ]
             if len(pending) < self.params.cycles_to_buffer:
                 return
             if self.should_stop():
                 raise ProducerStopped()
-            time.sleep(constants.POLL_SEC)
+            time.sleep(run_folder.POLL_SEC)
 
     def _write_cycle(self, cycle, first_epoch, epochs, data, exclusion, pool) -> None:
         params = self.params
-        folder = cycle_folder(self.run_dir, cycle)
+        folder = run_folder.cycle_folder(self.run_dir, cycle)
+        record = run_folder.train_record(params.batch_size)
         start = time.monotonic()
         writers = open_writers(folder, params.num_shards, self.open_writer)
         batches_per_epoch = 0
@@ -448,20 +363,21 @@ class Producer:
             write_shards(
                 writers,
                 lambda b, e=epoch: train_batch(e, b, params.batch_size),
+                record,
                 batches_per_epoch,
                 pool,
                 first_batch=offset * batches_per_epoch,
             )
         close_writers(writers)
-        write_json_atomically(
-            os.path.join(folder, constants.READY_FILE),
-            {
-                "epochs": epochs,
-                "batches_per_epoch": batches_per_epoch,
-                "batch_size": params.batch_size,
-                "num_shards": params.num_shards,
-            },
+        info = CycleInfo(
+            index=cycle,
+            folder=folder,
+            epochs=epochs,
+            batches_per_epoch=batches_per_epoch,
+            batch_size=params.batch_size,
+            num_shards=params.num_shards,
         )
+        run_folder.write_ready(info)
         self._progress(f"cycle {cycle} ready")
         logging.info(
             "Cycle %d: %d epoch(s) of %d batches in %.1f s",
@@ -472,25 +388,27 @@ class Producer:
         )
 
     def _progress(self, step: str) -> None:
-        write_json_atomically(
-            os.path.join(self.run_dir, constants.PROGRESS_FILE), {"step": step, "time": time.time()}
+        atomic.write_file(
+            os.path.join(self.run_dir, run_folder.PROGRESS_FILE),
+            json.dumps({"step": step, "time": time.time()}, sort_keys=True),
         )
 
 
 def wait_for_params(run_dir: str, should_stop) -> GenerationParams:
-    path = os.path.join(run_dir, constants.PARAMS_FILE)
+    path = os.path.join(run_dir, run_folder.PARAMS_FILE)
     while not tf.io.gfile.exists(path):
         if should_stop():
             raise ProducerStopped()
-        time.sleep(constants.POLL_SEC)
+        time.sleep(run_folder.POLL_SEC)
     with tf.io.gfile.GFile(path) as stream:
         return GenerationParams.from_json(stream.read())
 
 
 def run(run_dir: str, should_stop) -> None:
     """The producer's life: announce, wait for parameters, generate everything."""
-    write_json_atomically(
-        os.path.join(run_dir, constants.ALIVE_FILE), {"pid": os.getpid(), "time": time.time()}
+    atomic.write_file(
+        os.path.join(run_dir, run_folder.ALIVE_FILE),
+        json.dumps({"pid": os.getpid(), "time": time.time()}, sort_keys=True),
     )
     params = wait_for_params(run_dir, should_stop)
     mlperf = mlperf_helper.MlperfLogger(
@@ -523,7 +441,7 @@ def main(argv: list[str]) -> None:
         sys.exit(0)
     except (OSError, tf.errors.OpError) as error:
         # A full disk, a read-only folder: the trainer reports this line as the cause.
-        print(f"{FAILURE_PREFIX}{errors.os_message(error)}", file=sys.stderr, flush=True)
+        print(f"{run_folder.FAILURE_PREFIX}{errors.os_message(error)}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 

@@ -16,22 +16,19 @@ parse one record into one whole batch and give static shapes, so steps compile o
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import errors, signals
-from recommendation import constants, data_async_generation
-from recommendation.data_async_generation import GenerationParams
+from official.utils.misc import atomic, errors, signals
+from recommendation import constants, data_async_generation, run_folder
+from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams
 
 _STARTUP_TIMEOUT_SEC = 120.0
 PREFETCH_BATCHES = 2  # batches decoded ahead of the step that needs them
@@ -39,52 +36,6 @@ PREFETCH_BATCHES = 2  # batches decoded ahead of the step that needs them
 
 class ProducerError(RuntimeError):
     """The data producer died or stopped making progress."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CycleInfo:
-    """A complete training cycle on disk (from its ready file).
-
-    Attributes:
-        index: Cycle number.
-        folder: Where its shards are.
-        epochs: Epochs it holds.
-        batches_per_epoch: Batches per epoch (the last one padded).
-        batch_size: Points per batch.
-        num_shards: Shard files.
-    """
-
-    index: int
-    folder: str
-    epochs: int
-    batches_per_epoch: int
-    batch_size: int
-    num_shards: int
-
-    @property
-    def num_batches(self) -> int:
-        return self.epochs * self.batches_per_epoch
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalInfo:
-    """The evaluation set on disk (from its ready file).
-
-    Attributes:
-        folder: Where its shards are.
-        num_batches: Records (batches of users).
-        users_per_batch: Users per record (the last record padded).
-        block_size: Items per user: negatives then the held-out item.
-        num_users: Real (unpadded) evaluation users.
-        num_shards: Shard files.
-    """
-
-    folder: str
-    num_batches: int
-    users_per_batch: int
-    block_size: int
-    num_users: int
-    num_shards: int
 
 
 class DataProducer:
@@ -119,10 +70,10 @@ class DataProducer:
     ) -> None:
         self.params = params
         self.on_alive = on_alive
-        self.run_dir = os.path.join(run_root, f"ncf_run_{int(time.time())}_{uuid.uuid4().hex[:8]}")
+        self.run_dir = run_folder.new_run_dir(run_root)
         self.use_subprocess = use_subprocess
         self.stall_timeout_sec = stall_timeout_sec
-        self.log_path = os.path.join(self.run_dir, constants.PRODUCER_LOG)
+        self.log_path = os.path.join(self.run_dir, run_folder.PRODUCER_LOG)
         self._process: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
@@ -174,15 +125,13 @@ class DataProducer:
             self._thread.start()
         # Importing TensorFlow in a new process takes seconds: allow more than a stall.
         self._wait_for_file(
-            os.path.join(self.run_dir, constants.ALIVE_FILE),
+            os.path.join(self.run_dir, run_folder.ALIVE_FILE),
             "start-up",
             timeout_sec=max(self.stall_timeout_sec, _STARTUP_TIMEOUT_SEC),
         )
         if self.on_alive is not None:
             self.on_alive()
-        data_async_generation.write_json_atomically(
-            os.path.join(self.run_dir, constants.PARAMS_FILE), self.params.to_json()
-        )
+        atomic.write_file(os.path.join(self.run_dir, run_folder.PARAMS_FILE), self.params.to_json())
         logging.info(
             "Data producer started (%s); log: %s",
             f"pid {self._process.pid}" if self._process else "in-process",
@@ -217,28 +166,25 @@ class DataProducer:
 
     def eval_data(self) -> EvalInfo:
         """Waits for the evaluation set."""
-        folder = os.path.join(self.run_dir, constants.EVAL_FOLDER)
-        ready = self._wait_for_file(
-            os.path.join(folder, constants.READY_FILE), "the evaluation set"
-        )
-        return EvalInfo(folder=folder, **ready)
+        folder = run_folder.eval_folder(self.run_dir)
+        ready = self._wait_for_file(run_folder.ready_file(folder), "the evaluation set")
+        return EvalInfo.from_json(ready, folder=folder)
 
     def cycle(self, index: int) -> CycleInfo:
         """Waits for training cycle `index` to be complete."""
-        folder = data_async_generation.cycle_folder(self.run_dir, index)
-        ready = self._wait_for_file(
-            os.path.join(folder, constants.READY_FILE), f"training cycle {index}"
-        )
-        return CycleInfo(index=index, folder=folder, **ready)
+        folder = run_folder.cycle_folder(self.run_dir, index)
+        ready = self._wait_for_file(run_folder.ready_file(folder), f"training cycle {index}")
+        return CycleInfo.from_json(ready, index=index, folder=folder)
 
     def release(self, index: int) -> None:
         """Deletes a consumed cycle, making room for the producer to write ahead."""
-        tf.io.gfile.rmtree(data_async_generation.cycle_folder(self.run_dir, index))
+        tf.io.gfile.rmtree(run_folder.cycle_folder(self.run_dir, index))
 
-    def _wait_for_file(self, path: str, what: str, timeout_sec: float | None = None) -> dict:
-        """Waits for `path`; fails once the producer exits or stalls for `timeout_sec`."""
+    def _wait_for_file(self, path: str, what: str, timeout_sec: float | None = None) -> str:
+        """Waits for `path` and returns its text; fails once the producer exits or stalls
+        for `timeout_sec`."""
         timeout_sec = timeout_sec or self.stall_timeout_sec
-        progress_path = os.path.join(self.run_dir, constants.PROGRESS_FILE)
+        progress_path = os.path.join(self.run_dir, run_folder.PROGRESS_FILE)
         last_progress, last_change = None, time.monotonic()
         while not tf.io.gfile.exists(path):
             signals.check()
@@ -252,9 +198,9 @@ class DataProducer:
                     f"while the trainer waited for {what}; see {self.log_path} (raise "
                     f"--data_stall_timeout_sec if it is just slow)"
                 )
-            time.sleep(constants.POLL_SEC)
+            time.sleep(run_folder.POLL_SEC)
         with tf.io.gfile.GFile(path) as stream:
-            return json.loads(stream.read())
+            return stream.read()
 
     def _check_producer(self, what: str) -> None:
         if self._process is not None:
@@ -290,10 +236,10 @@ def _failure(path: str) -> str:
     """The producer's own account of why it could not go on (its last `error:` line)."""
     try:
         with open(path, errors="replace") as log:
-            found = [line for line in log if line.startswith(data_async_generation.FAILURE_PREFIX)]
+            found = [line for line in log if line.startswith(run_folder.FAILURE_PREFIX)]
     except OSError:
         return ""
-    return found[-1][len(data_async_generation.FAILURE_PREFIX) :].strip() if found else ""
+    return found[-1][len(run_folder.FAILURE_PREFIX) :].strip() if found else ""
 
 
 def _tail(path: str, lines: int = 10) -> str:
@@ -308,13 +254,9 @@ def _tail(path: str, lines: int = 10) -> str:
 # Input functions
 
 
-def _shard_files(folder: str, num_shards: int) -> list[str]:
-    return [os.path.join(folder, data_async_generation.shard_name(s)) for s in range(num_shards)]
-
-
 def _read_records(folder: str, num_shards: int) -> tf.data.Dataset:
     """Records in batch order: one from each shard in turn, read in parallel."""
-    files = tf.data.Dataset.from_tensor_slices(_shard_files(folder, num_shards))
+    files = tf.data.Dataset.from_tensor_slices(run_folder.shard_paths(folder, num_shards))
     return files.interleave(
         tf.data.TFRecordDataset,
         cycle_length=num_shards,
@@ -337,32 +279,16 @@ def _parsed_batches(records: tf.data.Dataset, parse: Callable) -> tf.data.Datase
     return batches.prefetch(PREFETCH_BATCHES).with_options(options)
 
 
-def _decode(record: tf.Tensor, spec: dict[str, tuple[tf.DType, list[int]]]) -> dict:
-    parsed = tf.io.parse_single_example(
-        record, {key: tf.io.FixedLenFeature([], tf.string) for key in spec}
-    )
-    return {
-        key: tf.reshape(tf.io.decode_raw(parsed[key], dtype), shape)
-        for key, (dtype, shape) in spec.items()
-    }
-
-
 def train_input_fn(info: CycleInfo) -> tf.data.Dataset:
     """`(features, labels)` batches of a cycle, in the order they were generated.
 
     features: ``user_id``, ``item_id`` `(batch,)` int32 and ``valid_point_mask``
     `(batch,)` bool (False on padding); labels: `(batch,)` float32 (1 = positive).
     """
-    size = info.batch_size
-    spec = {
-        constants.USER_COLUMN: (tf.int32, [size]),
-        constants.ITEM_COLUMN: (tf.int32, [size]),
-        constants.LABELS: (tf.uint8, [size]),
-        constants.VALID_POINT_MASK: (tf.uint8, [size]),
-    }
+    spec = run_folder.train_record(info.batch_size)
 
     def parse(record):
-        batch = _decode(record, spec)
+        batch = run_folder.decode_record(record, spec)
         features = {
             constants.USER_COLUMN: batch[constants.USER_COLUMN],
             constants.ITEM_COLUMN: batch[constants.ITEM_COLUMN],
@@ -380,20 +306,17 @@ def eval_input_fn(info: EvalInfo) -> tf.data.Dataset:
     ``valid_point_mask`` (bool, False for padding users), each `(users * block,)`;
     within each block of `block_size` points the last is the held-out item.
     """
-    users, block = info.users_per_batch, info.block_size
-    spec = {
-        constants.USER_COLUMN: (tf.int32, [users]),
-        constants.ITEM_COLUMN: (tf.int32, [users * block]),
-        constants.DUPLICATE_MASK: (tf.uint8, [users * block]),
-        constants.VALID_POINT_MASK: (tf.uint8, [users]),
-    }
+    block = info.block_size
+    spec = run_folder.eval_record(info.users_per_batch, block)
 
     def parse(record):
-        batch = _decode(record, spec)
+        batch = run_folder.decode_record(record, spec)
         return {
             constants.USER_COLUMN: tf.repeat(batch[constants.USER_COLUMN], block),
-            constants.ITEM_COLUMN: batch[constants.ITEM_COLUMN],
-            constants.DUPLICATE_MASK: tf.cast(batch[constants.DUPLICATE_MASK], tf.bool),
+            constants.ITEM_COLUMN: tf.reshape(batch[constants.ITEM_COLUMN], [-1]),
+            constants.DUPLICATE_MASK: tf.cast(
+                tf.reshape(batch[constants.DUPLICATE_MASK], [-1]), tf.bool
+            ),
             constants.VALID_POINT_MASK: tf.repeat(
                 tf.cast(batch[constants.VALID_POINT_MASK], tf.bool), block
             ),

@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from recommendation import data_async_generation as generation
-from recommendation import data_pipeline, data_preprocessing, stat_utils
+from recommendation import data_pipeline, data_preprocessing, run_folder, stat_utils
 from recommendation.data_preprocessing import DataConfig
 
 _DATASET_BY_FILE = {"ratings.dat": "ml-1m", "ratings.csv": "ml-20m", "u.data": "ml-100k"}
@@ -56,14 +56,18 @@ def measure(ratings: str, batch_size: int, num_neg: int, workers: int, work_dir:
         folder = os.path.join(work_dir, "cycle")
         num_batches = -(-len(epoch.users) // batch_size)
         start = time.perf_counter()
-        writers = generation.open_writers(folder, 8)
+        writers = generation.open_writers(folder, run_folder.NUM_SHARDS)
         generation.write_shards(
-            writers, lambda b, e=epoch: generation.train_batch(e, b, batch_size), num_batches, pool
+            writers,
+            lambda b, e=epoch: generation.train_batch(e, b, batch_size),
+            run_folder.train_record(batch_size),
+            num_batches,
+            pool,
         )
         generation.close_writers(writers)
         row["write_s"] = time.perf_counter() - start
         del epoch
-        info = data_pipeline.CycleInfo(0, folder, 1, num_batches, batch_size, 8)
+        info = run_folder.CycleInfo(0, folder, 1, num_batches, batch_size, run_folder.NUM_SHARDS)
         start = time.perf_counter()
         for _ in data_pipeline.train_input_fn(info):
             pass
@@ -98,7 +102,7 @@ def main() -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        default=generation.DEFAULT_NUM_WORKERS,
+        default=run_folder.DEFAULT_NUM_WORKERS,
     )
     parser.add_argument("--peer_log", help="log of the Model Garden NCF on ML-1M")
     args = parser.parse_args()

@@ -16,9 +16,10 @@ import tensorflow as tf
 
 from official.utils.logs import mlperf_helper
 from official.utils.misc import signals
-from recommendation import constants, data_pipeline, data_preprocessing, synthetic_data
-from recommendation.data_async_generation import GenerationParams, Producer
+from recommendation import constants, data_pipeline, data_preprocessing, run_folder, synthetic_data
+from recommendation.data_async_generation import Producer
 from recommendation.data_pipeline import DataProducer, ProducerError
+from recommendation.run_folder import GenerationParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = synthetic_data.SyntheticSpec(num_users=200, num_items=150, num_ratings=8000)
@@ -96,7 +97,7 @@ def test_cycles_and_eval_through_a_producer_process(cache_path, tmp_path):
             )
             producer.release(cycle)
         run_dir = producer.run_dir
-        assert os.path.exists(os.path.join(run_dir, constants.PRODUCER_LOG))
+        assert os.path.exists(os.path.join(run_dir, run_folder.PRODUCER_LOG))
     assert not os.path.exists(run_dir)
     assert os.listdir(tmp_path) == []
 
@@ -147,7 +148,7 @@ class _PublishWatch:
         if self.closed[folder] == self.num_shards:
             shards = sorted(glob.glob(os.path.join(os.path.dirname(path), "*.tfrecord")))
             records = sum(1 for _ in tf.data.TFRecordDataset(shards))
-            ready = os.path.exists(os.path.join(os.path.dirname(path), constants.READY_FILE))
+            ready = os.path.exists(run_folder.ready_file(os.path.dirname(path)))
             self.at_last_close[folder] = (ready, records)
 
 
@@ -173,7 +174,7 @@ def test_a_ready_file_is_written_only_after_every_shard_is_closed(cache_path, tm
     num_train = data_preprocessing.read_cache(cache_path).num_train_positives
     batches_per_epoch = -(-num_train * 5 // 256)
     expected = {
-        constants.EVAL_FOLDER: -(-200 // 48),
+        run_folder.EVAL_FOLDER: -(-200 // 48),
         "cycle_00000": batches_per_epoch,
         "cycle_00001": 2 * batches_per_epoch,
     }
@@ -184,7 +185,7 @@ def test_a_ready_file_is_written_only_after_every_shard_is_closed(cache_path, tm
     # At the last close (after it, before the rename): complete shards, no ready file.
     assert watch.at_last_close == {folder: (False, count) for folder, count in expected.items()}
     for folder in expected:
-        assert os.path.exists(tmp_path / folder / constants.READY_FILE)
+        assert os.path.exists(tmp_path / folder / run_folder.READY_FILE)
 
 
 def test_killed_producer_raises_instead_of_hanging(cache_path, tmp_path):
@@ -227,8 +228,8 @@ def test_crashing_producer_reports_status_and_log(tmp_path):
 _TRAINER = textwrap.dedent("""
     import sys
     from official.utils.misc import errors, signals
-    from recommendation.data_async_generation import GenerationParams
     from recommendation.data_pipeline import DataProducer
+    from recommendation.run_folder import GenerationParams
     params = GenerationParams(cache_path=sys.argv[1], batch_size=512, eval_users_per_batch=10,
                               num_neg=4, num_eval_negatives=9, epochs_per_cycle=(1,) * 9,
                               seed=1)
@@ -286,9 +287,9 @@ def test_two_runs_on_one_folder_use_separate_run_dirs(cache_path, tmp_path):
 def test_file_pipelines_run_without_autotuning(tmp_path):
     # An autotuned iterator's model thread held each cycle's iterator deletion for up
     # to a minute; a fixed-parallelism pipeline has no such thread.
-    info = data_pipeline.CycleInfo(0, str(tmp_path), 1, 1, 8, 2)
+    info = run_folder.CycleInfo(0, str(tmp_path), 1, 1, 8, 2)
     assert data_pipeline.train_input_fn(info).options().autotune.enabled is False
-    eval_info = data_pipeline.EvalInfo(str(tmp_path), 1, 1, 3, 2, 2)
+    eval_info = run_folder.EvalInfo(str(tmp_path), 1, 1, 3, 2, 2)
     assert data_pipeline.eval_input_fn(eval_info).options().autotune.enabled is False
 
 
