@@ -150,7 +150,8 @@ def define_data_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class NcfConfig:
-    """One training run, built from flags by `ncf_common.ncf_config_from_flags`.
+    """One training run, built from flags by `ncf_common.ncf_config_from_flags`; its
+    defaults are the flags' defaults.
 
     Attributes:
         data: Which data, and how it is prepared.
@@ -168,7 +169,7 @@ class NcfConfig:
         use_xla_for_gpu: XLA-compile the step when the strategy runs on GPUs.
         run_eagerly: Run the steps as plain Python (debugging; no graphs, no XLA).
         inter_op_threads, intra_op_threads: TensorFlow thread pools (0: its choice).
-        distribution_strategy, num_gpus, tpu: Where to run.
+        distribution_strategy, num_gpus, tpu: Where to run (`num_gpus` None: all).
         tpu_zone, tpu_project: Where the TPU named by `tpu` lives.
         worker_hosts, task_index: Multi-worker cluster without TF_CONFIG.
         use_subprocess: Run the data producer as its own process.
@@ -177,15 +178,17 @@ class NcfConfig:
         export_dir: Export a SavedModel for serving there at the end.
         export_onnx: Also export the scoring signature as ONNX (into export_dir).
         mlperf: The MLPerf compliance log (None: none).
-        flag_values: Every flag, for the benchmark log.
+        flag_values: Every flag with the value the run used, for the benchmark log.
     """
 
-    data: DataConfig
+    # The commands download a missing MovieLens release; DataConfig's own default (for
+    # library callers) never touches the network.
+    data: DataConfig = DataConfig(download_if_missing=True)
     model_dir: str = constants.DEFAULT_MODEL_DIR
     clean: bool = False
     train_epochs: int = 1
     epochs_between_evals: int = 1
-    batch_size: int = 65536
+    batch_size: int = 99000  # the reference's: a large batch, since NCF examples are tiny
     eval_batch_size: int | None = None
     num_neg: int = 4
     num_eval_negatives: int = constants.NUM_EVAL_NEGATIVES

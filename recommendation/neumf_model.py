@@ -143,11 +143,11 @@ class NeuMF(keras.Model):
         self,
         num_users: int,
         num_items: int,
-        mf_dim: int = 8,
-        layers: tuple[int, ...] = (64, 32, 16, 8),
-        mf_regularization: float = 0.0,
-        mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
-        embedding_init: str = "glorot_uniform",
+        mf_dim: int = ModelParams.mf_dim,
+        layers: tuple[int, ...] = ModelParams.layers,
+        mf_regularization: float = ModelParams.mf_regularization,
+        mlp_regularization: tuple[float, ...] = ModelParams.mlp_regularization,
+        embedding_init: str = ModelParams.embedding_init,
         **kwargs,
     ):
         super().__init__(**kwargs)

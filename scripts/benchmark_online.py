@@ -49,8 +49,8 @@ from recommendation import (  # noqa: E402
 )
 from recommendation.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.ncf_common import NcfConfig  # noqa: E402
-from recommendation.neumf_model import ModelParams  # noqa: E402
 from recommendation.online import export  # noqa: E402
+from recommendation.online_main import OnlineConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -291,15 +291,17 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
 def _offline(config: DataConfig, work_dir: str) -> tuple[float, float, str]:
     load = _load()
     start = time.perf_counter()
+    # The online trainer's defaults: its network is ncf-main's default NeuMF, and each
+    # step of batch_size events trains on every event and its num_neg negatives.
+    online = OnlineConfig()
     summary = ncf_main.run(
         NcfConfig(
             data=config,
             model_dir=os.path.join(work_dir, "offline"),
             train_epochs=FLAGS.offline_epochs,
-            batch_size=4096 * 5,  # the online step's points: 4096 events x (1 + 4)
+            batch_size=online.batch_size * (1 + online.model.num_neg),
             num_eval_negatives=999,
             seed=FLAGS.seed,
-            model=ModelParams(num_users=0, num_items=0),  # mf 8, layers 64-32-16-8
         )
     ).summary
     return summary["best_hr"], time.perf_counter() - start, load

@@ -48,9 +48,10 @@ class OnlineParams:
         learning_rate, beta1, beta2, epsilon: Lazy Adam.
     """
 
-    mf_dim: int = 8
-    layers: tuple[int, ...] = (64, 32, 16, 8)
-    mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    # The reference's NeuMF sizes and Adam settings, as ncf-main's defaults.
+    mf_dim: int = neumf_model.ModelParams.mf_dim
+    layers: tuple[int, ...] = neumf_model.ModelParams.layers
+    mlp_regularization: tuple[float, ...] = neumf_model.ModelParams.mlp_regularization
     user_capacity: int = 2**16
     item_capacity: int = 2**15
     permit_filter_value: int = 1
@@ -59,11 +60,11 @@ class OnlineParams:
     num_neg: int = 4
     prequential_events: int = 64
     prequential_negatives: int = 99
-    top_k: int = 10
-    learning_rate: float = 0.001
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
+    top_k: int = neumf_model.ModelParams.top_k
+    learning_rate: float = neumf_model.ModelParams.learning_rate
+    beta1: float = neumf_model.ModelParams.beta1
+    beta2: float = neumf_model.ModelParams.beta2
+    epsilon: float = neumf_model.ModelParams.epsilon
 
 
 @keras.saving.register_keras_serializable(package="ncf")
@@ -79,18 +80,18 @@ class OnlineNeuMF(neumf_model.NeuMF):
 
     def __init__(
         self,
-        user_capacity: int = 2**16,
-        item_capacity: int = 2**15,
-        mf_dim: int = 8,
-        layers: tuple[int, ...] = (64, 32, 16, 8),
-        mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
-        permit_filter_value: int = 1,
-        evict_filter_value: int | None = None,
-        max_norm: float | None = None,
-        num_neg: int = 4,
-        prequential_events: int = 64,
-        prequential_negatives: int = 99,
-        top_k: int = 10,
+        user_capacity: int = OnlineParams.user_capacity,
+        item_capacity: int = OnlineParams.item_capacity,
+        mf_dim: int = OnlineParams.mf_dim,
+        layers: tuple[int, ...] = OnlineParams.layers,
+        mlp_regularization: tuple[float, ...] = OnlineParams.mlp_regularization,
+        permit_filter_value: int = OnlineParams.permit_filter_value,
+        evict_filter_value: int | None = OnlineParams.evict_filter_value,
+        max_norm: float | None = OnlineParams.max_norm,
+        num_neg: int = OnlineParams.num_neg,
+        prequential_events: int = OnlineParams.prequential_events,
+        prequential_negatives: int = OnlineParams.prequential_negatives,
+        top_k: int = OnlineParams.top_k,
         **kwargs,
     ) -> None:
         # Read by `_embedding` during NeuMF's constructor.
