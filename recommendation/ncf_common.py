@@ -1,9 +1,12 @@
 """NCF flags (Model Garden names and meanings) and the frozen configs built from them.
 
-Only entry points (`create_ncf_data`, `ncf_main`) parse flags; they call
-`data_config_from_flags` and pass the config inward, so library code never reads
-``FLAGS``. Every ``define_*`` takes a `flag_values`, which lets tests parse command
-lines without touching the process-wide flags.
+Each default is written once, in the config dataclasses (`NcfConfig` and the configs it
+holds); the tables here (`DATA_FLAGS`, `GENERIC_FLAGS`, `NCF_FLAGS`) describe each flag
+once and name the field it sets, and both the absl flags and the configs are generated
+from them (`official.utils.flags.core`). Only entry points (`create_ncf_data`,
+``ncf_main``, ``export``, ``online_main``) parse flags; they call the builders here and
+pass the config inward, so library code never reads ``FLAGS``. Every ``define_*`` takes
+a `flag_values`, which lets tests parse command lines without the process-wide flags.
 """
 
 from __future__ import annotations
@@ -14,138 +17,11 @@ from absl import flags, logging
 
 from official.utils import flags as flags_core
 from official.utils.flags import core
+from official.utils.flags.core import NON_NEGATIVE, POSITIVE, Check, FlagSpec, Rule
 from official.utils.logs.mlperf_helper import MlperfOptions
-from recommendation import constants, movielens, synthetic_data
+from recommendation import constants, movielens
 from recommendation.data_preprocessing import DataConfig
 from recommendation.neumf_model import EMBEDDING_INITS, ModelParams
-
-# What `ncf-main --dataset X` uses for flags left unset: the reference's defaults
-# stop at HR@10 0.164 on ML-1M; these were tuned on this project's CPU runs (see
-# docs/benchmarks.md). The MLPerf ml-20m configuration is scripts/mlperf_ml20m.flags.
-DATASET_DEFAULTS: dict[str, dict[str, object]] = {
-    movielens.ML_1M: {
-        "num_factors": 64,
-        "layers": ["256", "256", "128", "64"],
-        "mlp_regularization": ["0", "0", "0", "0"],
-        "batch_size": 16384,
-        "eval_batch_size": 160000,
-        "learning_rate": 0.01,
-        "train_epochs": 10,
-        "enable_xla": True,
-        "batches_per_step": 8,
-    },
-}
-# The synthetic data is ML-1M-sized: the same configuration suits it.
-DATASET_DEFAULTS[movielens.SYNTHETIC] = DATASET_DEFAULTS[movielens.ML_1M]
-
-
-def define_data_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Flags that choose and prepare the dataset (used by every NCF entry point)."""
-    fv = flag_values
-    flags.DEFINE_enum(
-        "dataset", movielens.ML_1M, list(movielens.DATASETS), "Dataset to train on.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "data_dir",
-        constants.DEFAULT_DATA_DIR,
-        "Folder holding <dataset>/ (downloads land here too).",
-        short_name="dd",
-        flag_values=fv,
-    )
-    flags.DEFINE_string(
-        "cache_dir",
-        "",
-        "Where the preprocessing cache lives (default DATA_DIR/<dataset>); "
-        "set it when DATA_DIR is read-only.",
-        flag_values=fv,
-    )
-    flags.DEFINE_boolean(
-        "download_if_missing",
-        True,
-        "Download a missing MovieLens release from GroupLens.",
-        flag_values=fv,
-    )
-    flags.DEFINE_string(
-        "movielens_url",
-        constants.MOVIELENS_URL,
-        "Where MovieLens archives (and their .md5 files) are downloaded from.",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "min_num_ratings",
-        constants.MIN_NUM_RATINGS,
-        "Users with fewer ratings are dropped.",
-        flag_values=fv,
-    )
-    flags.DEFINE_boolean(
-        "ml_perf",
-        False,
-        "Match the MLPerf reference's data handling (ordering of same-second ratings).",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "seed",
-        None,
-        "Random seed; a fixed seed gives the same data and, on "
-        "CPU, the same metrics. Synthetic data uses 0 when unset.",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "cache_max_age_sec",
-        constants.CACHE_INVALIDATION_SEC,
-        "A preprocessing cache older than this is rebuilt.",
-        flag_values=fv,
-    )
-    default = synthetic_data.SyntheticSpec()
-    flags.DEFINE_integer(
-        "synthetic_num_users", default.num_users, "Users of --dataset synthetic.", flag_values=fv
-    )
-    flags.DEFINE_integer(
-        "synthetic_num_items", default.num_items, "Items of --dataset synthetic.", flag_values=fv
-    )
-    flags.DEFINE_integer(
-        "synthetic_num_ratings",
-        default.num_ratings,
-        "Interactions of --dataset synthetic.",
-        flag_values=fv,
-    )
-    flags.DEFINE_string(
-        "ratings_file", None, "CSV or Parquet file of --dataset generic.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "user_column", "user_id", "User id column of --ratings_file.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "item_column", "item_id", "Item id column of --ratings_file.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "timestamp_column",
-        "timestamp",
-        "Time column of --ratings_file ('' = file order is time order).",
-        flag_values=fv,
-    )
-    flags.DEFINE_string(
-        "csv_separator", ",", "Field separator of a CSV --ratings_file.", flag_values=fv
-    )
-    for name in (
-        "synthetic_num_users",
-        "synthetic_num_items",
-        "synthetic_num_ratings",
-        "cache_max_age_sec",
-    ):
-        core.require_positive(name, flag_values=fv)
-    flags.register_validator(
-        "min_num_ratings",
-        lambda value: value >= 2,
-        message="--min_num_ratings must be at least 2 (one rating to train on, one to hold out)",
-        flag_values=fv,
-    )
-    flags.register_multi_flags_validator(
-        ["dataset", "ratings_file"],
-        lambda values: values["dataset"] != movielens.GENERIC or bool(values["ratings_file"]),
-        message="--dataset generic needs --ratings_file (a CSV or Parquet file)",
-        flag_values=fv,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +54,8 @@ class NcfConfig:
         export_dir: Export a SavedModel for serving there at the end.
         export_onnx: Also export the scoring signature as ONNX (into export_dir).
         mlperf: The MLPerf compliance log (None: none).
+        preset: The flags whose values came from the `DATASET_DEFAULTS` of the dataset
+            (name -> value as a flag), because the user did not set them.
         flag_values: Every flag with the value the run used, for the benchmark log.
     """
 
@@ -216,201 +94,39 @@ class NcfConfig:
     export_dir: str | None = None
     export_onnx: bool = False
     mlperf: MlperfOptions | None = None
+    preset: dict[str, object] = dataclasses.field(default_factory=dict)
     flag_values: dict = dataclasses.field(default_factory=dict)
 
 
-def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Every flag of ``ncf_main``: data, model, optimiser, evaluation and run control."""
-    fv = flag_values
-    define_data_flags(fv)
-    # The reference's NCF defaults: a large batch, since NCF examples are tiny.
-    flags_core.define_base(
-        default_model_dir=constants.DEFAULT_MODEL_DIR, default_batch_size=99000, flag_values=fv
-    )
-    flags_core.define_performance(fv)
-    flags_core.define_distribution(fv)
-    flags_core.define_benchmark(fv)
-    flags_core.define_mlperf(fv)
-    flags.DEFINE_integer(
-        "num_factors", 8, "Embedding width of the GMF (MF) part.", short_name="nf", flag_values=fv
-    )
-    flags.DEFINE_list(
-        "layers",
-        ["64", "32", "16", "8"],
-        "Widths of the MLP layers; the first must be even (half user, half item embedding).",
-        flag_values=fv,
-    )
-    flags.DEFINE_float("mf_regularization", 0.0, "L2 weight on the MF embeddings.", flag_values=fv)
-    flags.DEFINE_list(
-        "mlp_regularization",
-        ["0.", "0.", "0.", "0."],
-        "L2 weight of each MLP layer; one value per --layers entry.",
-        flag_values=fv,
-    )
-    flags.DEFINE_enum(
-        "embedding_init",
-        "glorot_uniform",
-        list(EMBEDDING_INITS),
-        "Embedding-table initialiser: glorot_uniform (the MLPerf reference) or normal "
-        "(N(0, 0.01^2), the NCF paper's code).",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "num_neg", 4, "Negatives sampled per training positive.", short_name="nn", flag_values=fv
-    )
-    flags.DEFINE_integer(
-        "num_eval_negatives",
-        constants.NUM_EVAL_NEGATIVES,
-        "Negatives per evaluation user (the NCF paper split uses its own 99).",
-        flag_values=fv,
-    )
-    flags.DEFINE_float(
-        "learning_rate", 0.001, "Adam learning rate.", short_name="lr", flag_values=fv
-    )
-    flags.DEFINE_float("beta1", 0.9, "Adam beta1.", flag_values=fv)
-    flags.DEFINE_float("beta2", 0.999, "Adam beta2.", flag_values=fv)
-    flags.DEFINE_float("epsilon", 1e-8, "Adam epsilon.", flag_values=fv)
-    flags.DEFINE_float(
-        "weight_decay",
-        0.0,
-        "Decoupled weight decay (AdamW): each step shrinks every weight by "
-        "weight_decay x learning rate of itself. Needs dense embedding updates.",
-        flag_values=fv,
-    )
-    flags.DEFINE_float(
-        "learning_rate_decay",
-        1.0,
-        "Multiply the learning rate by this once per epoch from --decay_start_epoch on "
-        "(1 keeps it constant).",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "decay_start_epoch",
-        0,
-        "First epoch (0-based) trained at a rate decayed by --learning_rate_decay.",
-        flag_values=fv,
-    )
-    flags.DEFINE_float(
-        "hr_threshold",
-        1.0,
-        "Stop once HR@top_k reaches this value.",
-        short_name="hr",
-        flag_values=fv,
-    )
-    flags.register_validator(
-        "hr_threshold",
-        lambda value: 0.0 < value <= 1.0,
-        message="--hr_threshold must be in (0, 1]: HR@k is the fraction of users hit",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer("top_k", 10, "k of HR@k and NDCG@k.", flag_values=fv)
-    flags.DEFINE_boolean("use_xla_for_gpu", False, "Compile with XLA when on GPU.", flag_values=fv)
-    flags.DEFINE_alias("use_xla", "enable_xla", flag_values=fv)
-    flags.register_multi_flags_validator(
-        ["run_eagerly", "enable_xla"],
-        lambda values: not (values["run_eagerly"] and values["enable_xla"]),
-        message="--run_eagerly runs no graphs, so there is nothing for --enable_xla to compile",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "batches_per_step",
-        1,
-        "Training steps per compiled call (fewer Python round trips).",
-        flag_values=fv,
-    )
-    flags.DEFINE_boolean(
-        "sparse_embedding_updates",
-        False,
-        "Update only the embedding rows in each batch (lazy Adam) instead of "
-        "dense Adam over whole tables (the MLPerf reference).",
-        flag_values=fv,
-    )
-    flags.DEFINE_boolean(
-        "export_onnx",
-        False,
-        "With --export_dir, also write the scoring signature as EXPORT_DIR/model.onnx "
-        "(tf2onnx; needs pip install -e '.[onnx]').",
-        flag_values=fv,
-    )
-    flags.register_multi_flags_validator(
-        ["export_onnx", "export_dir"],
-        lambda values: not values["export_onnx"] or bool(values["export_dir"]),
-        message="--export_onnx needs --export_dir: the ONNX model is written into it",
-        flag_values=fv,
-    )
-    flags.DEFINE_boolean(
-        "use_subprocess",
-        True,
-        "Run the data producer as its own process (false: in-process, for debugging).",
-        flag_values=fv,
-    )
-    flags.DEFINE_float(
-        "data_stall_timeout_sec",
-        300.0,
-        "Fail if the data producer makes no progress for this long.",
-        flag_values=fv,
-    )
-    for name in (
-        "num_factors",
-        "num_neg",
-        "num_eval_negatives",
-        "top_k",
-        "learning_rate",
-        "epsilon",
-        "batches_per_step",
-        "data_stall_timeout_sec",
-    ):
-        core.require_positive(name, flag_values=fv)
-    core.require_non_negative("mf_regularization", flag_values=fv)
-    core.require_non_negative("decay_start_epoch", flag_values=fv)
-    core.require_non_negative("weight_decay", flag_values=fv)
-    flags.register_multi_flags_validator(
-        ["weight_decay", "sparse_embedding_updates"],
-        lambda values: not (values["weight_decay"] and values["sparse_embedding_updates"]),
-        message="--weight_decay shrinks every embedding row each step: it needs dense "
-        "updates (drop --sparse_embedding_updates)",
-        flag_values=fv,
-    )
-    flags.register_validator(
-        "learning_rate_decay",
-        lambda value: 0.0 < value <= 1.0,
-        message="--learning_rate_decay must be in (0, 1]: the factor applied each epoch",
-        flag_values=fv,
-    )
-    flags.register_validator(
-        "layers",
-        lambda value: layers_error(value) is None,
-        message="--layers must be positive integers, the first even (e.g. 64,32,16,8)",
-        flag_values=fv,
-    )
-    flags.register_multi_flags_validator(
-        ["layers", "mlp_regularization"],
-        lambda values: len(values["layers"]) == len(values["mlp_regularization"]),
-        message="--mlp_regularization needs one value per --layers entry",
-        flag_values=fv,
-    )
-    flags.register_validator(
-        "mlp_regularization",
-        lambda value: all(_is_non_negative_float(v) for v in value),
-        message="--mlp_regularization values must be numbers >= 0",
-        flag_values=fv,
-    )
-    flags.register_multi_flags_validator(
-        ["output_ml_perf_compliance_logging", "use_synthetic_data"],
-        lambda values: (
-            not (values["output_ml_perf_compliance_logging"] and values["use_synthetic_data"])
-        ),
-        message="--output_ml_perf_compliance_logging needs real training "
-        "(--use_synthetic_data has no evaluation to log)",
-        flag_values=fv,
-    )
-    for name in ("beta1", "beta2"):
-        flags.register_validator(
-            name,
-            lambda value: 0 <= value < 1,
-            message=f"--{name} must be in [0, 1)",
-            flag_values=fv,
-        )
+# What `ncf-main --dataset X` uses for flags left unset (field values by flag name): the
+# reference's defaults stop at HR@10 0.164 on ML-1M; these were tuned on this project's
+# CPU runs (see docs/benchmarks.md). A flag the user set, on the command line or in a
+# flagfile, keeps its value. The MLPerf ml-20m configuration is scripts/mlperf_ml20m.flags.
+DATASET_DEFAULTS: dict[str, dict[str, object]] = {
+    movielens.ML_1M: {
+        "num_factors": 64,
+        "layers": (256, 256, 128, 64),
+        "mlp_regularization": (0.0, 0.0, 0.0, 0.0),
+        "batch_size": 16384,
+        "eval_batch_size": 160000,
+        "learning_rate": 0.01,
+        "train_epochs": 10,
+        "enable_xla": True,
+        "batches_per_step": 8,
+    },
+}
+# The synthetic data is ML-1M-sized: the same configuration suits it.
+DATASET_DEFAULTS[movielens.SYNTHETIC] = DATASET_DEFAULTS[movielens.ML_1M]
+
+
+def _valid_layers(layers: list[str]) -> bool:
+    """Whether `layers` can describe the NeuMF MLP: positive integers, the first even
+    (it is split between the user and the item embedding)."""
+    try:
+        widths = [int(width) for width in layers]
+    except ValueError:
+        return False
+    return bool(widths) and min(widths) > 0 and widths[0] % 2 == 0
 
 
 def layers_error(layers: list[str]) -> str | None:
@@ -433,113 +149,358 @@ def _is_non_negative_float(text: str) -> bool:
         return False
 
 
+# Concepts ncf-main and ncf-online share: one flag each (name, help, checks); each
+# program's config holds its default (`online_main` moves --num_neg into its model).
+NUM_FACTORS = FlagSpec(
+    "num_factors",
+    "Embedding width of the GMF (MF) part.",
+    field="model.mf_dim",
+    short_name="nf",
+    checks=(POSITIVE,),
+)
+LAYERS = FlagSpec(
+    "layers",
+    "Widths of the MLP layers; the first must be even (half user, half item embedding).",
+    field="model.layers",
+    checks=(
+        Check(
+            _valid_layers,
+            "--layers must be positive integers, the first even (e.g. 64,32,16,8)",
+        ),
+    ),
+)
+NUM_NEG = FlagSpec(
+    "num_neg", "Negatives sampled per training positive.", short_name="nn", checks=(POSITIVE,)
+)
+LEARNING_RATE = FlagSpec(
+    "learning_rate",
+    "Adam learning rate.",
+    field="model.learning_rate",
+    short_name="lr",
+    checks=(POSITIVE,),
+)
+TOP_K = FlagSpec("top_k", "k of HR@k and NDCG@k.", field="model.top_k", checks=(POSITIVE,))
+SEED = FlagSpec(
+    "seed",
+    "Random seed of the initial weights, the sampling and generated data; with a fixed "
+    "seed ncf-main gives the same data and, on CPU, the same metrics. Synthetic data uses "
+    "0 when unset.",
+)
+
+# Flags that choose and prepare the dataset (every NCF entry point), on `NcfConfig`.
+DATA_FLAGS = (
+    FlagSpec(
+        "dataset", "Dataset to train on.", field="data.dataset", choices=tuple(movielens.DATASETS)
+    ),
+    FlagSpec(
+        "data_dir",
+        "Folder holding <dataset>/ (downloads land here too).",
+        field="data.data_dir",
+        short_name="dd",
+    ),
+    FlagSpec(
+        "cache_dir",
+        "Where the preprocessing cache lives (default DATA_DIR/<dataset>); "
+        "set it when DATA_DIR is read-only.",
+        field="data.cache_dir",
+    ),
+    FlagSpec(
+        "download_if_missing",
+        "Download a missing MovieLens release from GroupLens.",
+        field="data.download_if_missing",
+    ),
+    FlagSpec(
+        "movielens_url",
+        "Where MovieLens archives (and their .md5 files) are downloaded from.",
+        field="data.url_base",
+    ),
+    FlagSpec(
+        "min_num_ratings",
+        "Users with fewer ratings are dropped.",
+        field="data.min_num_ratings",
+        checks=(
+            Check(
+                lambda value: value >= 2,
+                "--min_num_ratings must be at least 2 (one rating to train on, one to hold out)",
+            ),
+        ),
+    ),
+    FlagSpec(
+        "ml_perf",
+        "Match the MLPerf reference's data handling (ordering of same-second ratings).",
+        field="data.ml_perf",
+    ),
+    SEED,
+    FlagSpec(
+        "cache_max_age_sec",
+        "A preprocessing cache older than this is rebuilt.",
+        field="data.cache_max_age_sec",
+        checks=(POSITIVE,),
+        kind=int,  # whole seconds, as ever (the field takes any number)
+    ),
+    FlagSpec(
+        "synthetic_num_users",
+        "Users of --dataset synthetic.",
+        field="data.synthetic.num_users",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "synthetic_num_items",
+        "Items of --dataset synthetic.",
+        field="data.synthetic.num_items",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "synthetic_num_ratings",
+        "Interactions of --dataset synthetic.",
+        field="data.synthetic.num_ratings",
+        checks=(POSITIVE,),
+    ),
+)
+
+# The file of --dataset generic, on `movielens.GenericSource` (built only with a file).
+GENERIC_FLAGS = (
+    FlagSpec(
+        "ratings_file",
+        "CSV or Parquet file of --dataset generic.",
+        field="path",
+        **core.EMPTY_AS_UNSET,
+    ),
+    FlagSpec("user_column", "User id column of --ratings_file."),
+    FlagSpec("item_column", "Item id column of --ratings_file."),
+    FlagSpec("timestamp_column", "Time column of --ratings_file ('' = file order is time order)."),
+    FlagSpec("csv_separator", "Field separator of a CSV --ratings_file.", field="separator"),
+    Rule(
+        ("dataset", "ratings_file"),
+        lambda values: values["dataset"] != movielens.GENERIC or bool(values["ratings_file"]),
+        "--dataset generic needs --ratings_file (a CSV or Parquet file)",
+    ),
+)
+_GENERIC_DEFAULTS = movielens.GenericSource(path="")
+
+
+def _in_unit_interval(value: float) -> bool:
+    return 0 < value <= 1
+
+
+# The model, optimiser and run flags of ncf-main, on `NcfConfig`.
+NCF_FLAGS = (
+    *flags_core.BASE_FLAGS,
+    *core.at(
+        flags_core.PERFORMANCE_FLAGS,
+        dtype="model.dtype",
+        loss_scale="model.loss_scale",
+        inter_op_parallelism_threads="inter_op_threads",
+        intra_op_parallelism_threads="intra_op_threads",
+    ),
+    *core.at(flags_core.DISTRIBUTION_FLAGS, tpu_gcp_project="tpu_project"),
+    *flags_core.BENCHMARK_FLAGS,
+    NUM_FACTORS,
+    LAYERS,
+    FlagSpec(
+        "mf_regularization",
+        "L2 weight on the MF embeddings.",
+        field="model.mf_regularization",
+        checks=(NON_NEGATIVE,),
+    ),
+    FlagSpec(
+        "mlp_regularization",
+        "L2 weight of each MLP layer; one value per --layers entry.",
+        field="model.mlp_regularization",
+        checks=(
+            Check(
+                lambda value: all(_is_non_negative_float(v) for v in value),
+                "--mlp_regularization values must be numbers >= 0",
+            ),
+        ),
+    ),
+    FlagSpec(
+        "embedding_init",
+        "Embedding-table initialiser: glorot_uniform (the MLPerf reference) or normal "
+        "(N(0, 0.01^2), the NCF paper's code).",
+        field="model.embedding_init",
+        choices=tuple(EMBEDDING_INITS),
+    ),
+    NUM_NEG,
+    FlagSpec(
+        "num_eval_negatives",
+        "Negatives per evaluation user (the NCF paper split uses its own 99).",
+        checks=(POSITIVE,),
+    ),
+    LEARNING_RATE,
+    *(
+        FlagSpec(
+            name,
+            f"Adam {name}.",
+            field=f"model.{name}",
+            checks=(Check(lambda value: 0 <= value < 1, "--{flag} must be in [0, 1)"),),
+        )
+        for name in ("beta1", "beta2")
+    ),
+    FlagSpec("epsilon", "Adam epsilon.", field="model.epsilon", checks=(POSITIVE,)),
+    FlagSpec(
+        "weight_decay",
+        "Decoupled weight decay (AdamW): each step shrinks every weight by "
+        "weight_decay x learning rate of itself. Needs dense embedding updates.",
+        field="model.weight_decay",
+        checks=(NON_NEGATIVE,),
+    ),
+    FlagSpec(
+        "learning_rate_decay",
+        "Multiply the learning rate by this once per epoch from --decay_start_epoch on "
+        "(1 keeps it constant).",
+        field="model.learning_rate_decay",
+        checks=(
+            Check(
+                _in_unit_interval,
+                "--learning_rate_decay must be in (0, 1]: the factor applied each epoch",
+            ),
+        ),
+    ),
+    FlagSpec(
+        "decay_start_epoch",
+        "First epoch (0-based) trained at a rate decayed by --learning_rate_decay.",
+        field="model.decay_start_epoch",
+        checks=(NON_NEGATIVE,),
+    ),
+    FlagSpec(
+        "hr_threshold",
+        "Stop once HR@top_k reaches this value.",
+        short_name="hr",
+        checks=(
+            Check(
+                _in_unit_interval,
+                "--hr_threshold must be in (0, 1]: HR@k is the fraction of users hit",
+            ),
+        ),
+    ),
+    TOP_K,
+    FlagSpec("use_xla_for_gpu", "Compile with XLA when on GPU."),
+    FlagSpec(
+        "batches_per_step",
+        "Training steps per compiled call (fewer Python round trips).",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "sparse_embedding_updates",
+        "Update only the embedding rows in each batch (lazy Adam) instead of "
+        "dense Adam over whole tables (the MLPerf reference).",
+        field="model.sparse_updates",
+    ),
+    FlagSpec(
+        "export_onnx",
+        "With --export_dir, also write the scoring signature as EXPORT_DIR/model.onnx "
+        "(tf2onnx; needs pip install -e '.[onnx]').",
+    ),
+    FlagSpec(
+        "use_subprocess",
+        "Run the data producer as its own process (false: in-process, for debugging).",
+    ),
+    FlagSpec(
+        "data_stall_timeout_sec",
+        "Fail if the data producer makes no progress for this long.",
+        checks=(POSITIVE,),
+    ),
+    Rule(
+        ("run_eagerly", "enable_xla"),
+        lambda values: not (values["run_eagerly"] and values["enable_xla"]),
+        "--run_eagerly runs no graphs, so there is nothing for --enable_xla to compile",
+    ),
+    Rule(
+        ("export_onnx", "export_dir"),
+        lambda values: not values["export_onnx"] or bool(values["export_dir"]),
+        "--export_onnx needs --export_dir: the ONNX model is written into it",
+    ),
+    Rule(
+        ("weight_decay", "sparse_embedding_updates"),
+        lambda values: not (values["weight_decay"] and values["sparse_embedding_updates"]),
+        "--weight_decay shrinks every embedding row each step: it needs dense "
+        "updates (drop --sparse_embedding_updates)",
+    ),
+    Rule(
+        ("layers", "mlp_regularization"),
+        lambda values: len(values["layers"]) == len(values["mlp_regularization"]),
+        "--mlp_regularization needs one value per --layers entry",
+    ),
+    Rule(
+        ("output_ml_perf_compliance_logging", "use_synthetic_data"),
+        lambda values: (
+            not (values["output_ml_perf_compliance_logging"] and values["use_synthetic_data"])
+        ),
+        "--output_ml_perf_compliance_logging needs real training "
+        "(--use_synthetic_data has no evaluation to log)",
+    ),
+)
+
+# Other names of flags (alias -> flag), the Model Garden's.
+_ALIASES = {"use_xla": "enable_xla"}
+
+
+def define_data_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Flags that choose and prepare the dataset (used by every NCF entry point)."""
+    core.define_flags(DATA_FLAGS, NcfConfig(), flag_values)
+    core.define_flags(GENERIC_FLAGS, _GENERIC_DEFAULTS, flag_values)
+
+
+def define_ncf_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Every flag of ``ncf_main``: data, model, optimiser, evaluation and run control."""
+    define_data_flags(flag_values)
+    flags_core.define_mlperf(flag_values)
+    core.define_flags(NCF_FLAGS, NcfConfig(), flag_values)
+    for alias, name in _ALIASES.items():
+        flags.DEFINE_alias(alias, name, flag_values=flag_values)
+
+
 def data_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> DataConfig:
     """The `DataConfig` described by parsed data flags."""
-    fv = flag_values
+    return _data_config(core.config_from_flags(DATA_FLAGS, NcfConfig(), flag_values), flag_values)
+
+
+def _data_config(config: NcfConfig, flag_values: flags.FlagValues) -> DataConfig:
+    """`config.data` with the fields that follow from other flags: the generator's seed
+    (--seed, 0 when unset), the synthetic users' minimum (--min_num_ratings) and the
+    generic source (--ratings_file)."""
+    data = config.data
     generic = None
-    if fv.ratings_file:
-        generic = movielens.GenericSource(
-            path=fv.ratings_file,
-            user_column=fv.user_column,
-            item_column=fv.item_column,
-            timestamp_column=fv.timestamp_column,
-            separator=fv.csv_separator,
-        )
-    return DataConfig(
-        dataset=fv.dataset,
-        data_dir=fv.data_dir,
-        cache_dir=fv.cache_dir,
-        download_if_missing=fv.download_if_missing,
-        url_base=fv.movielens_url,
-        min_num_ratings=fv.min_num_ratings,
-        ml_perf=fv.ml_perf,
-        seed=fv.seed if fv.seed is not None else 0,
-        synthetic=synthetic_data.SyntheticSpec(
-            num_users=fv.synthetic_num_users,
-            num_items=fv.synthetic_num_items,
-            num_ratings=fv.synthetic_num_ratings,
-            min_ratings_per_user=fv.min_num_ratings,
-        ),
+    if flag_values.ratings_file:
+        generic = core.config_from_flags(GENERIC_FLAGS, _GENERIC_DEFAULTS, flag_values)
+    return dataclasses.replace(
+        data,
+        seed=config.seed if config.seed is not None else 0,
+        synthetic=dataclasses.replace(data.synthetic, min_ratings_per_user=data.min_num_ratings),
         generic=generic,
-        cache_max_age_sec=fv.cache_max_age_sec,
     )
-
-
-def apply_dataset_defaults(flag_values: flags.FlagValues) -> dict[str, object]:
-    """Sets the tuned defaults of --dataset for flags the user left unset."""
-    applied = {}
-    for name, value in DATASET_DEFAULTS.get(flag_values.dataset, {}).items():
-        if not flag_values[name].present:
-            flag_values[name].value = value
-            applied[name] = value
-    if applied:
-        logging.info("Defaults for %s: %s", flag_values.dataset, applied)
-    return applied
 
 
 def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfConfig:
-    """The `NcfConfig` described by parsed NCF flags (with per-dataset defaults)."""
+    """The `NcfConfig` described by parsed NCF flags, with the `DATASET_DEFAULTS` of
+    --dataset for the flags the user left unset (logged, and kept in `preset`)."""
     fv = flag_values
-    apply_dataset_defaults(fv)
-    model = ModelParams(
-        num_users=0,
-        num_items=0,
-        mf_dim=fv.num_factors,
-        layers=tuple(int(width) for width in fv.layers),
-        mf_regularization=fv.mf_regularization,
-        mlp_regularization=tuple(float(value) for value in fv.mlp_regularization),
-        embedding_init=fv.embedding_init,
-        learning_rate=fv.learning_rate,
-        beta1=fv.beta1,
-        beta2=fv.beta2,
-        epsilon=fv.epsilon,
-        weight_decay=fv.weight_decay,
-        learning_rate_decay=fv.learning_rate_decay,
-        decay_start_epoch=fv.decay_start_epoch,
-        top_k=fv.top_k,
-        sparse_updates=fv.sparse_embedding_updates,
-        dtype=fv.dtype,
-        loss_scale=flags_core.loss_scale_from_flag(fv.loss_scale),
+    table = (*DATA_FLAGS, *NCF_FLAGS)
+    config = core.config_from_flags(table, NcfConfig(), fv)
+    config, preset = core.apply_preset(
+        table, config, DATASET_DEFAULTS.get(config.data.dataset, {}), fv
     )
-    return NcfConfig(
-        data=data_config_from_flags(fv),
-        model_dir=fv.model_dir,
-        clean=fv.clean,
-        train_epochs=fv.train_epochs,
-        epochs_between_evals=fv.epochs_between_evals,
-        batch_size=fv.batch_size,
-        eval_batch_size=fv.eval_batch_size,
-        num_neg=fv.num_neg,
-        num_eval_negatives=fv.num_eval_negatives,
-        hr_threshold=fv.hr_threshold,
-        model=model,
-        seed=fv.seed,
-        use_synthetic_data=fv.use_synthetic_data,
-        batches_per_step=fv.batches_per_step,
-        enable_xla=fv.enable_xla,
-        use_xla_for_gpu=fv.use_xla_for_gpu,
-        run_eagerly=fv.run_eagerly,
-        inter_op_threads=fv.inter_op_parallelism_threads,
-        intra_op_threads=fv.intra_op_parallelism_threads,
-        distribution_strategy=fv.distribution_strategy,
-        num_gpus=fv.num_gpus,
-        tpu=fv.tpu,
-        tpu_zone=fv.tpu_zone,
-        tpu_project=fv.tpu_gcp_project,
-        worker_hosts=tuple(fv.worker_hosts or ()),
-        task_index=fv.task_index,
-        use_subprocess=fv.use_subprocess,
-        data_stall_timeout_sec=fv.data_stall_timeout_sec,
-        benchmark_log_dir=fv.benchmark_log_dir,
-        benchmark_test_id=fv.benchmark_test_id,
-        export_dir=fv.export_dir,
-        export_onnx=fv.export_onnx,
+    if preset:
+        logging.info("Preset of --dataset %s for the flags left unset: %s", fv.dataset, preset)
+    return dataclasses.replace(
+        config,
+        data=_data_config(config, fv),
         mlperf=flags_core.mlperf_options_from_flags(
-            fv, default_dir=fv.model_dir, benchmark=constants.MLPERF_BENCHMARK
+            fv, default_dir=config.model_dir, benchmark=constants.MLPERF_BENCHMARK
         ),
-        flag_values={
-            name: fv[name].value
-            for name in fv
-            if fv[name].value is not None and not name.startswith(("help", "?"))
-        },
+        preset=preset,
+        flag_values=_flag_values_used(fv, preset),
     )
+
+
+def _flag_values_used(flag_values: flags.FlagValues, preset: dict[str, object]) -> dict:
+    """Every set flag (short names and aliases too) with the value the run used: the
+    preset's where it applied."""
+    used = {}
+    for name in flag_values:
+        flag = _ALIASES.get(name, flag_values[name].name)
+        value = preset[flag] if flag in preset else flag_values[name].value
+        if value is not None and not name.startswith(("help", "?")):
+            used[name] = value
+    return used

@@ -149,7 +149,7 @@ def run(config: NcfConfig) -> RunResult:
                 data = data_preprocessing.load_or_build(config.data).data
             runner = _make_runner(config, data, strategy)
             benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
-            benchmark.log_run_info(config.flag_values, config.benchmark_test_id)
+            benchmark.log_run_info(config.flag_values, config.benchmark_test_id, config.preset)
             if config.use_synthetic_data:
                 return RunResult(_run_synthetic(config, data, runner, start), runner)
             summary = _train_and_evaluate(config, data, runner, benchmark, mlperf, start)

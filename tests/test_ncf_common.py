@@ -7,12 +7,15 @@ import dataclasses
 import pytest
 from absl import flags
 
-from recommendation import ncf_common
+from official.utils.flags import core, mlperf
+from official.utils.logs.mlperf_helper import MlperfOptions
+from recommendation import movielens, ncf_common
+from recommendation.ncf_common import NcfConfig
 
 
-def _parse(*args: str) -> flags.FlagValues:
+def _parse(*args: str, define=ncf_common.define_ncf_flags) -> flags.FlagValues:
     flag_values = flags.FlagValues()
-    ncf_common.define_ncf_flags(flag_values)
+    define(flag_values)
     flag_values(["ncf_main", *args])
     return flag_values
 
@@ -184,3 +187,132 @@ def test_every_flag_changes_the_run_it_describes():
         if changed == _config_without_flag_values(*context):
             ignored.append(name)
     assert ignored == []
+
+
+# Each table of ncf-main's flags and the config instance holding its defaults.
+_TABLES = [
+    ((*ncf_common.DATA_FLAGS, *ncf_common.NCF_FLAGS), NcfConfig()),
+    (ncf_common.GENERIC_FLAGS, movielens.GenericSource(path="")),
+    (mlperf.MLPERF_FLAGS, MlperfOptions(log_file="")),
+]
+# Flags that set no field: absl's own, the Model Garden's alias, the switch of the
+# compliance log (its options are None when off).
+_NOT_ROWS = {"help", "helpfull", "helpshort", "helpxml", "flagfile", "undefok", "use_xla"}
+_NOT_ROWS |= {"output_ml_perf_compliance_logging"}
+
+
+@pytest.mark.parametrize(
+    "define", [ncf_common.define_ncf_flags, ncf_common.define_data_flags], ids=["ncf", "data"]
+)
+def test_every_flag_is_one_table_row_whose_default_is_its_fields(define):
+    """Each default is written once: in the config, never beside a flag definition."""
+    parsed = _parse(define=define)
+    rows = {}
+    for table, defaults in _TABLES:
+        for spec in core.specs(table):
+            assert spec.name not in rows, f"--{spec.name} is defined twice"
+            rows[spec.name] = (spec, defaults)
+    names = {parsed[name].name for name in parsed} - _NOT_ROWS
+    assert names <= set(rows), f"flags without a table row: {sorted(names - set(rows))}"
+    for name in names:
+        spec, defaults = rows[name]
+        assert parsed[name].default == core.flag_default(spec, defaults), name
+
+
+def test_the_default_command_line_runs_the_config_defaults():
+    config = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-20m"))
+    data = dataclasses.replace(NcfConfig().data, dataset="ml-20m")
+    assert dataclasses.replace(config, flag_values={}) == NcfConfig(data=data)
+    parsed = _parse(define=ncf_common.define_data_flags)
+    assert ncf_common.data_config_from_flags(parsed) == NcfConfig().data
+
+
+def test_the_defaults_a_user_sees_are_the_references():
+    parsed = _parse()
+    expected = {
+        "batch_size": 99000,
+        "num_factors": 8,
+        "layers": ["64", "32", "16", "8"],
+        "learning_rate": 0.001,
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "epsilon": 1e-8,
+        "num_neg": 4,
+        "top_k": 10,
+        "seed": None,
+        "model_dir": "/tmp/ncf/",
+        "dataset": "ml-1m",
+        "download_if_missing": True,
+        "eval_batch_size": None,
+        "train_epochs": 1,
+        "loss_scale": "dynamic",
+        "num_gpus": None,
+        "worker_hosts": None,
+        "cache_max_age_sec": 86400,
+    }
+    assert {name: parsed[name].default for name in expected} == expected
+    assert [float(value) for value in parsed["mlp_regularization"].default] == [0.0] * 4
+
+
+def _argument(flag: flags.Flag, value) -> str:
+    """`value` of `flag` as a command-line argument."""
+    if isinstance(flag, flags.BooleanFlag):
+        return f"--{'' if value else 'no'}{flag.name}"
+    if isinstance(value, list):
+        return f"--{flag.name}={','.join(value)}"
+    return f"--{flag.name}={value}"
+
+
+def _user_argument(flag: flags.Flag) -> str:
+    """The flag set to its default (None cannot be written: then to another value)."""
+    return _argument(flag, 1000 if flag.default is None else flag.default)
+
+
+_PRESET = ncf_common.DATASET_DEFAULTS[movielens.ML_1M]
+_ROWS = {spec.name: spec for spec in core.specs(ncf_common.NCF_FLAGS)}
+
+
+@pytest.mark.parametrize("name", sorted(_PRESET))
+def test_a_preset_never_overrides_a_flag_the_user_set(name):
+    # Even to its default: a flag given is a flag set.
+    argument = _user_argument(_parse()[name])
+    path = _ROWS[name].path
+    config = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-1m", argument))
+    without_preset = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-20m", argument))
+    assert core.get_field(config, path) == core.get_field(without_preset, path)
+    assert set(config.preset) == set(_PRESET) - {name}
+
+
+def test_a_preset_never_overrides_a_flagfile_or_an_alias(tmp_path):
+    flagfile = tmp_path / "preset_flags.flags"
+    parsed = _parse()
+    flagfile.write_text("\n".join(_user_argument(parsed[name]) for name in _PRESET))
+
+    def config(dataset: str) -> NcfConfig:
+        built = ncf_common.ncf_config_from_flags(_parse(dataset, f"--flagfile={flagfile}"))
+        return dataclasses.replace(built, data=NcfConfig().data, flag_values={})
+
+    assert config("--dataset=ml-1m") == config("--dataset=ml-20m")
+    assert config("--dataset=ml-1m").preset == {}
+    aliased = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-1m", "--use_xla=false"))
+    assert not aliased.enable_xla and "enable_xla" not in aliased.preset
+
+
+def test_the_run_info_says_which_values_came_from_the_preset():
+    config = ncf_common.ncf_config_from_flags(_parse("--dataset=ml-1m", "--batch_size=4096"))
+    assert config.preset == {
+        "num_factors": 64,
+        "layers": ["256", "256", "128", "64"],
+        "mlp_regularization": ["0.0", "0.0", "0.0", "0.0"],
+        "eval_batch_size": 160000,
+        "learning_rate": 0.01,
+        "train_epochs": 10,
+        "enable_xla": True,
+        "batches_per_step": 8,
+    }
+    # The flags recorded are the values the run used, under every name of each flag.
+    used = config.flag_values
+    assert used["batch_size"] == used["bs"] == 4096
+    assert used["train_epochs"] == used["te"] == 10
+    assert used["enable_xla"] is used["use_xla"] is True
+    assert used["layers"] == ["256", "256", "128", "64"]

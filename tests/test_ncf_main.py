@@ -38,7 +38,8 @@ def test_trains_evaluates_checkpoints_and_logs(tmp_path):
     assert summary["train_points"] == 2 * (12_000 - 300) * 5
     evaluations = _records(tmp_path, "evaluation")
     assert [record["epoch"] for record in evaluations] == [0, 1]
-    assert _records(tmp_path, "run_info")[0]["versions"]["tensorflow"].startswith("2.21")
+    run_info = _records(tmp_path, "run_info")[0]
+    assert run_info["versions"]["tensorflow"].startswith("2.21") and run_info["preset"] == {}
     assert glob.glob(str(tmp_path / "model" / "events.out.tfevents.*"))
     assert os.path.exists(tmp_path / "model" / "checkpoint")
     assert os.listdir(tmp_path / "data" / "synthetic" / "runs") == []  # producer cleaned up
@@ -104,12 +105,22 @@ def test_command_line(tmp_path, extra, expect_ok):
         f"--data_dir={tmp_path}",
         f"--model_dir={tmp_path / 'model'}",
         "--train_epochs=1",
+        f"--benchmark_log_dir={tmp_path / 'bench'}",
         *extra,
     )
     if expect_ok:
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.startswith("best HR@10=")
         assert _info_sources(result.stderr) <= _OUR_FILES | _WRITTEN_WHILE_LOADING
+        # The synthetic preset fills what the command line leaves unset, and says so.
+        preset = {"eval_batch_size": 160000, "learning_rate": 0.01, "enable_xla": True}
+        preset["batches_per_step"] = 8
+        run_info = _records(tmp_path, "run_info")[0]
+        assert run_info["preset"] == preset
+        assert (
+            run_info["flags"]["learning_rate"] == 0.01 and run_info["flags"]["batch_size"] == 1024
+        )
+        assert f"Preset of --dataset synthetic for the flags left unset: {preset}" in result.stderr
     else:
         assert result.returncode != 0
         assert "--layers must be positive integers, the first even" in result.stderr

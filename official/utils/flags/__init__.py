@@ -1,17 +1,17 @@
-"""absl flag groups shared by the benchmarks (Model Garden names and meanings)."""
+"""absl flag groups shared by the benchmarks (Model Garden names and meanings), as
+tables of `core.FlagSpec` rows whose defaults each program's config dataclass holds."""
 
-from official.utils.flags.base import define_base
-from official.utils.flags.benchmark import define_benchmark
-from official.utils.flags.distribution import define_distribution
+from official.utils.flags.base import BASE_FLAGS
+from official.utils.flags.benchmark import BENCHMARK_FLAGS
+from official.utils.flags.distribution import DISTRIBUTION_FLAGS
 from official.utils.flags.mlperf import define_mlperf, mlperf_options_from_flags
-from official.utils.flags.performance import define_performance, loss_scale_from_flag
+from official.utils.flags.performance import PERFORMANCE_FLAGS
 
 __all__ = [
-    "define_base",
-    "define_benchmark",
-    "define_distribution",
+    "BASE_FLAGS",
+    "BENCHMARK_FLAGS",
+    "DISTRIBUTION_FLAGS",
+    "PERFORMANCE_FLAGS",
     "define_mlperf",
-    "define_performance",
-    "loss_scale_from_flag",
     "mlperf_options_from_flags",
 ]

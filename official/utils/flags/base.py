@@ -1,69 +1,36 @@
-"""Base flags every benchmark needs: where the model lives and how long to train."""
+"""Base flags every benchmark needs: where the model lives and how long to train.
 
-from absl import flags
+Rows set the config fields of the same names; each program's config holds the defaults.
+"""
 
-from official.utils.flags import core
+from official.utils.flags.core import POSITIVE, POSITIVE_OR_UNSET, FlagSpec
 
-
-def define_base(
-    default_model_dir: str = "/tmp/model",
-    default_batch_size: int = 32,
-    flag_values: flags.FlagValues = flags.FLAGS,
-) -> None:
-    """Defines --model_dir --clean --train_epochs --epochs_between_evals --batch_size
-    --eval_batch_size --export_dir --run_eagerly (Model Garden names and short names)."""
-    flags.DEFINE_string(
-        "model_dir",
-        default_model_dir,
-        "Where checkpoints, summaries and logs are written.",
-        short_name="md",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_boolean(
-        "clean",
-        False,
-        "Delete model_dir before training instead of resuming from it.",
-        short_name="cl",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_integer(
-        "train_epochs",
-        1,
-        "Epochs to train before stopping.",
-        short_name="te",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_integer(
+BASE_FLAGS = (
+    FlagSpec("model_dir", "Where checkpoints, summaries and logs are written.", short_name="md"),
+    FlagSpec(
+        "clean", "Delete model_dir before training instead of resuming from it.", short_name="cl"
+    ),
+    FlagSpec(
+        "train_epochs", "Epochs to train before stopping.", short_name="te", checks=(POSITIVE,)
+    ),
+    FlagSpec(
         "epochs_between_evals",
-        1,
         "Training epochs between evaluations.",
         short_name="ebe",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_integer(
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
         "batch_size",
-        default_batch_size,
         "Global training batch size (split across replicas).",
         short_name="bs",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_integer(
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
         "eval_batch_size",
-        None,
         "Global evaluation batch size; defaults to --batch_size.",
         short_name="ebs",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_string(
-        "export_dir",
-        None,
-        "If set, a SavedModel for serving is exported here.",
-        short_name="ed",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_boolean(
-        "run_eagerly", False, "Run steps eagerly (slow; for debugging).", flag_values=flag_values
-    )
-    for name in ("train_epochs", "epochs_between_evals", "batch_size"):
-        core.require_positive(name, flag_values=flag_values)
-    core.require_positive("eval_batch_size", allow_none=True, flag_values=flag_values)
+        checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec("export_dir", "If set, a SavedModel for serving is exported here.", short_name="ed"),
+    FlagSpec("run_eagerly", "Run steps eagerly (slow; for debugging)."),
+)

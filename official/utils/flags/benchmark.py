@@ -1,21 +1,14 @@
-"""Benchmark logging flags."""
+"""Benchmark logging flags (rows setting the config fields of the same names)."""
 
-from absl import flags
+from official.utils.flags.core import FlagSpec
 
-
-def define_benchmark(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Defines --benchmark_log_dir and --benchmark_test_id."""
-    flags.DEFINE_string(
+BENCHMARK_FLAGS = (
+    FlagSpec(
         "benchmark_log_dir",
-        None,
         "If set, a JSON-lines benchmark log is written here.",
         short_name="bld",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_string(
-        "benchmark_test_id",
-        None,
-        "Free-form id recorded with the benchmark run.",
-        short_name="bti",
-        flag_values=flag_values,
-    )
+    ),
+    FlagSpec(
+        "benchmark_test_id", "Free-form id recorded with the benchmark run.", short_name="bti"
+    ),
+)

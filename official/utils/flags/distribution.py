@@ -1,55 +1,42 @@
-"""Distribution flags: strategy, devices, TPUs and multi-worker clusters."""
+"""Distribution flags: strategy, devices, TPUs and multi-worker clusters.
 
-from absl import flags
+Rows set the config fields of the same names; each program's config holds the defaults.
+"""
 
-from official.utils.flags import core
+from official.utils.flags.core import NON_NEGATIVE_OR_UNSET, FlagSpec, Rule
 
 STRATEGIES = ("off", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
 
-
-def define_distribution(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Defines --distribution_strategy --num_gpus --tpu --worker_hosts --task_index."""
-    flags.DEFINE_enum(
+DISTRIBUTION_FLAGS = (
+    FlagSpec(
         "distribution_strategy",
-        "one_device",
-        list(STRATEGIES),
         "tf.distribute strategy; 'off' uses the default strategy.",
         short_name="ds",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_integer(
+        choices=STRATEGIES,
+    ),
+    FlagSpec(
         "num_gpus",
-        None,
         "GPUs to use (default: all visible; 0 = CPU).",
         short_name="ng",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_string("tpu", None, "TPU name or grpc:// address.", flag_values=flag_values)
-    flags.DEFINE_string(
-        "tpu_zone", None, "GCE zone of the TPU (optional).", flag_values=flag_values
-    )
-    flags.DEFINE_string("tpu_gcp_project", None, "GCP project of the TPU.", flag_values=flag_values)
-    flags.DEFINE_list(
-        "worker_hosts",
-        None,
-        "host:port of every worker, for multi-worker training without TF_CONFIG.",
-        flag_values=flag_values,
-    )
-    flags.DEFINE_integer(
-        "task_index", -1, "This worker's index in --worker_hosts.", flag_values=flag_values
-    )
-    core.require_non_negative("num_gpus", allow_none=True, flag_values=flag_values)
-    flags.register_multi_flags_validator(
-        ["worker_hosts", "task_index"],
+        checks=(NON_NEGATIVE_OR_UNSET,),
+    ),
+    FlagSpec("tpu", "TPU name or grpc:// address."),
+    FlagSpec("tpu_zone", "GCE zone of the TPU (optional)."),
+    FlagSpec("tpu_gcp_project", "GCP project of the TPU."),
+    FlagSpec(
+        "worker_hosts", "host:port of every worker, for multi-worker training without TF_CONFIG."
+    ),
+    FlagSpec("task_index", "This worker's index in --worker_hosts."),
+    Rule(
+        ("worker_hosts", "task_index"),
         lambda values: (
             not values["worker_hosts"] or 0 <= values["task_index"] < len(values["worker_hosts"])
         ),
-        message="--task_index must index into --worker_hosts (0 .. number of hosts - 1)",
-        flag_values=flag_values,
-    )
-    flags.register_multi_flags_validator(
-        ["distribution_strategy", "tpu"],
+        "--task_index must index into --worker_hosts (0 .. number of hosts - 1)",
+    ),
+    Rule(
+        ("distribution_strategy", "tpu"),
         lambda values: values["distribution_strategy"] != "tpu" or bool(values["tpu"]),
-        message="--distribution_strategy=tpu needs --tpu (a TPU name or address)",
-        flag_values=flag_values,
-    )
+        "--distribution_strategy=tpu needs --tpu (a TPU name or address)",
+    ),
+)

@@ -33,12 +33,16 @@ class BenchmarkLogger:
         with tf.io.gfile.GFile(self.path, "a") as out:
             out.write(json.dumps(record, default=_jsonable, sort_keys=True) + "\n")
 
-    def log_run_info(self, flag_values: dict, test_id: str | None = None) -> None:
-        """Records flags, library versions and the hardware the run used."""
+    def log_run_info(
+        self, flag_values: dict, test_id: str | None = None, preset: dict | None = None
+    ) -> None:
+        """Records flags, library versions and the hardware the run used; `preset`
+        names the flags whose values came from a preset rather than the user."""
         self.log(
             "run_info",
             test_id=test_id,
             flags=flag_values,
+            preset=preset or {},
             versions={
                 "tensorflow": tf.__version__,
                 "keras": keras.__version__,
