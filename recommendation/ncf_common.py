@@ -129,19 +129,6 @@ def _valid_layers(layers: list[str]) -> bool:
     return bool(widths) and min(widths) > 0 and widths[0] % 2 == 0
 
 
-def layers_error(layers: list[str]) -> str | None:
-    """Why `layers` cannot describe the NeuMF MLP, or None if it can."""
-    try:
-        widths = [int(width) for width in layers]
-    except ValueError:
-        return "--layers must be integers"
-    if not widths or min(widths) <= 0:
-        return "--layers must be positive"
-    if widths[0] % 2:
-        return "--layers[0] must be even: it is split between user and item embeddings"
-    return None
-
-
 def _is_non_negative_float(text: str) -> bool:
     try:
         return float(text) >= 0
@@ -186,6 +173,7 @@ SEED = FlagSpec(
     "seed ncf-main gives the same data and, on CPU, the same metrics. Synthetic data uses "
     "0 when unset.",
 )
+SHARED_FLAGS = (NUM_FACTORS, LAYERS, NUM_NEG, LEARNING_RATE, TOP_K, SEED)
 
 # Flags that choose and prepare the dataset (every NCF entry point), on `NcfConfig`.
 DATA_FLAGS = (

@@ -28,6 +28,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from official.utils.flags import core
+from official.utils.flags.core import NON_NEGATIVE, POSITIVE, POSITIVE_OR_UNSET, FlagSpec, Rule
 from official.utils.misc import errors
 from official.utils.misc.runner import ModelDirError, prepare_model_dir
 from recommendation import data_async_generation, ncf_common
@@ -38,7 +39,8 @@ from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, 
 
 @dataclasses.dataclass(frozen=True)
 class OnlineConfig:
-    """One online training run (built from flags by `config_from_flags`).
+    """One online training run (built from flags by `config_from_flags`); its defaults
+    are the flags' defaults.
 
     Attributes:
         redis_url, stream, group, consumer: The Redis stream source.
@@ -233,173 +235,109 @@ def summary_line(summary: dict, top_k: int) -> str:
 # Flags
 
 
+# Every flag of ``online_main``, on `OnlineConfig` (which holds the defaults); the
+# concepts it shares with ncf-main are ncf-main's flags.
+ONLINE_FLAGS = (
+    FlagSpec("redis_url", "Redis to read events from, redis://host:port/db."),
+    FlagSpec("stream", "Redis stream key."),
+    FlagSpec("group", "Redis consumer group."),
+    FlagSpec("consumer", "Consumer name; keep it across restarts."),
+    FlagSpec("events_dir", "Folder of append-only *.jsonl / *.csv event files."),
+    FlagSpec(
+        "dead_letter_file",
+        "Malformed events from --events_dir (default MODEL_DIR/dead_letters.jsonl).",
+    ),
+    FlagSpec("model_dir", "Checkpoints.", short_name="md"),
+    FlagSpec("clean", "Start over (delete model_dir)."),
+    FlagSpec("export_dir", "Folder of SavedModel versions."),
+    FlagSpec("keep_exports", "Export versions kept.", checks=(POSITIVE,)),
+    FlagSpec("batch_size", "Events per training step.", checks=(POSITIVE,)),
+    *core.at(ncf_common.SHARED_FLAGS, num_neg="model.num_neg"),
+    FlagSpec(
+        "user_capacity",
+        "Rows of the user hash table.",
+        field="model.user_capacity",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "item_capacity",
+        "Rows of the item hash table.",
+        field="model.item_capacity",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "permit_filter_value",
+        "Sightings before an id gets its own row.",
+        field="model.permit_filter_value",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "evict_filter_value",
+        "Free rows unseen for this many steps.",
+        field="model.evict_filter_value",
+        checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec(
+        "max_norm",
+        "Clip embedding rows to this norm.",
+        field="model.max_norm",
+        checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec(
+        "prequential_events",
+        "Events per batch scored before training.",
+        field="model.prequential_events",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "prequential_negatives",
+        "Negatives each scored event is ranked against.",
+        field="model.prequential_negatives",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec("sink_size", "Steps per graph call.", checks=(POSITIVE,)),
+    FlagSpec("amp_level", "Mixed precision level.", choices=tuple(AMP_LEVELS)),
+    FlagSpec("boost_level", "Speed-up level.", choices=tuple(BOOST_LEVELS)),
+    FlagSpec("linger_seconds", "Longest wait for a batch to fill.", checks=(NON_NEGATIVE,)),
+    FlagSpec("checkpoint_every_steps", "Checkpoint cadence.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec("checkpoint_every_secs", "Checkpoint cadence.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec("export_every_steps", "Export cadence.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec("export_every_secs", "Export cadence.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec("log_every_secs", "Metric log cadence.", checks=(POSITIVE,)),
+    FlagSpec("max_events", "Stop after this many events.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec("max_seconds", "Stop after this long.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec(
+        "idle_timeout_secs",
+        "Stop once the stream is quiet this long.",
+        checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec("trained_events_log", "Append every trained event's id here."),
+    FlagSpec("summary_file", "Write the summary and metric history here (JSON)."),
+    Rule(
+        ("redis_url", "events_dir"),
+        lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
+        "give exactly one source: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
+    ),
+    Rule(
+        ("checkpoint_every_steps", "checkpoint_every_secs"),
+        lambda values: bool(values["checkpoint_every_steps"] or values["checkpoint_every_secs"]),
+        "set --checkpoint_every_steps or --checkpoint_every_secs",
+    ),
+)
+
+
 def define_online_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Every flag of ``online_main`` (Model Garden names where one exists)."""
-    fv = flag_values
-    flags.DEFINE_string(
-        "redis_url", None, "Redis to read events from, redis://host:port/db.", flag_values=fv
-    )
-    flags.DEFINE_string("stream", "events", "Redis stream key.", flag_values=fv)
-    flags.DEFINE_string("group", "trainer", "Redis consumer group.", flag_values=fv)
-    flags.DEFINE_string(
-        "consumer", "trainer-0", "Consumer name; keep it across restarts.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "events_dir", None, "Folder of append-only *.jsonl / *.csv event files.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "dead_letter_file",
-        None,
-        "Malformed events from --events_dir (default MODEL_DIR/dead_letters.jsonl).",
-        flag_values=fv,
-    )
-    flags.DEFINE_string(
-        "model_dir", "/tmp/ncf-online", "Checkpoints.", short_name="md", flag_values=fv
-    )
-    flags.DEFINE_boolean("clean", False, "Start over (delete model_dir).", flag_values=fv)
-    flags.DEFINE_string("export_dir", None, "Folder of SavedModel versions.", flag_values=fv)
-    flags.DEFINE_integer("keep_exports", 3, "Export versions kept.", flag_values=fv)
-    flags.DEFINE_integer("batch_size", 4096, "Events per training step.", flag_values=fv)
-    flags.DEFINE_integer("num_factors", 8, "GMF embedding width.", flag_values=fv)
-    flags.DEFINE_list("layers", ["64", "32", "16", "8"], "MLP widths (first even).", flag_values=fv)
-    flags.DEFINE_integer("num_neg", 4, "Negatives per event.", flag_values=fv)
-    flags.DEFINE_float("learning_rate", 0.001, "Adam learning rate.", flag_values=fv)
-    flags.DEFINE_integer("user_capacity", 2**16, "Rows of the user hash table.", flag_values=fv)
-    flags.DEFINE_integer("item_capacity", 2**15, "Rows of the item hash table.", flag_values=fv)
-    flags.DEFINE_integer(
-        "permit_filter_value", 1, "Sightings before an id gets its own row.", flag_values=fv
-    )
-    flags.DEFINE_integer(
-        "evict_filter_value", None, "Free rows unseen for this many steps.", flag_values=fv
-    )
-    flags.DEFINE_float("max_norm", None, "Clip embedding rows to this norm.", flag_values=fv)
-    flags.DEFINE_integer(
-        "prequential_events", 64, "Events per batch scored before training.", flag_values=fv
-    )
-    flags.DEFINE_integer(
-        "prequential_negatives",
-        99,
-        "Negatives each scored event is ranked against.",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer("top_k", 10, "k of HR@k.", flag_values=fv)
-    flags.DEFINE_integer("sink_size", 4, "Steps per graph call.", flag_values=fv)
-    flags.DEFINE_enum("amp_level", "O0", list(AMP_LEVELS), "Mixed precision level.", flag_values=fv)
-    flags.DEFINE_enum("boost_level", "O1", list(BOOST_LEVELS), "Speed-up level.", flag_values=fv)
-    flags.DEFINE_float("linger_seconds", 0.2, "Longest wait for a batch to fill.", flag_values=fv)
-    flags.DEFINE_integer("checkpoint_every_steps", None, "Checkpoint cadence.", flag_values=fv)
-    flags.DEFINE_float("checkpoint_every_secs", 30.0, "Checkpoint cadence.", flag_values=fv)
-    flags.DEFINE_integer("export_every_steps", None, "Export cadence.", flag_values=fv)
-    flags.DEFINE_float("export_every_secs", 2.0, "Export cadence.", flag_values=fv)
-    flags.DEFINE_float("log_every_secs", 10.0, "Metric log cadence.", flag_values=fv)
-    flags.DEFINE_integer("max_events", None, "Stop after this many events.", flag_values=fv)
-    flags.DEFINE_float("max_seconds", None, "Stop after this long.", flag_values=fv)
-    flags.DEFINE_float(
-        "idle_timeout_secs", None, "Stop once the stream is quiet this long.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "trained_events_log", None, "Append every trained event's id here.", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "summary_file", None, "Write the summary and metric history here (JSON).", flag_values=fv
-    )
-    flags.DEFINE_integer("seed", None, "Seed for weights and sampling.", flag_values=fv)
-    for name in (
-        "keep_exports",
-        "batch_size",
-        "num_factors",
-        "num_neg",
-        "learning_rate",
-        "user_capacity",
-        "item_capacity",
-        "permit_filter_value",
-        "prequential_events",
-        "prequential_negatives",
-        "top_k",
-        "sink_size",
-        "log_every_secs",
-    ):
-        core.require_positive(name, flag_values=fv)
-    for name in (
-        "evict_filter_value",
-        "max_norm",
-        "checkpoint_every_steps",
-        "checkpoint_every_secs",
-        "export_every_steps",
-        "export_every_secs",
-        "max_events",
-        "max_seconds",
-        "idle_timeout_secs",
-    ):
-        core.require_positive(name, allow_none=True, flag_values=fv)
-    core.require_non_negative("linger_seconds", flag_values=fv)
-    flags.register_validator(
-        "layers",
-        lambda value: ncf_common.layers_error(value) is None,
-        message="--layers must be positive integers, the first even (e.g. 64,32,16,8)",
-        flag_values=fv,
-    )
-    flags.register_multi_flags_validator(
-        ["redis_url", "events_dir"],
-        lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
-        message="give exactly one source: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
-        flag_values=fv,
-    )
-    flags.register_multi_flags_validator(
-        ["checkpoint_every_steps", "checkpoint_every_secs"],
-        lambda values: bool(values["checkpoint_every_steps"] or values["checkpoint_every_secs"]),
-        message="set --checkpoint_every_steps or --checkpoint_every_secs",
-        flag_values=fv,
-    )
+    core.define_flags(ONLINE_FLAGS, OnlineConfig(), flag_values)
 
 
 def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> OnlineConfig:
     """The run the parsed flags describe."""
-    f = flag_values
-    layers = tuple(int(width) for width in f.layers)
-    model = OnlineParams(
-        mf_dim=f.num_factors,
-        layers=layers,
-        mlp_regularization=(0.0,) * len(layers),
-        user_capacity=f.user_capacity,
-        item_capacity=f.item_capacity,
-        permit_filter_value=f.permit_filter_value,
-        evict_filter_value=f.evict_filter_value,
-        max_norm=f.max_norm,
-        num_neg=f.num_neg,
-        prequential_events=f.prequential_events,
-        prequential_negatives=f.prequential_negatives,
-        top_k=f.top_k,
-        learning_rate=f.learning_rate,
-    )
-    return OnlineConfig(
-        redis_url=f.redis_url,
-        stream=f.stream,
-        group=f.group,
-        consumer=f.consumer,
-        events_dir=f.events_dir,
-        dead_letter_file=f.dead_letter_file,
-        model_dir=f.model_dir,
-        clean=f.clean,
-        export_dir=f.export_dir,
-        keep_exports=f.keep_exports,
-        model=model,
-        batch_size=f.batch_size,
-        sink_size=f.sink_size,
-        amp_level=f.amp_level,
-        boost_level=f.boost_level,
-        linger_seconds=f.linger_seconds,
-        checkpoint_every_steps=f.checkpoint_every_steps,
-        checkpoint_every_secs=f.checkpoint_every_secs,
-        export_every_steps=f.export_every_steps,
-        export_every_secs=f.export_every_secs,
-        log_every_secs=f.log_every_secs,
-        max_events=f.max_events,
-        max_seconds=f.max_seconds,
-        idle_timeout_secs=f.idle_timeout_secs,
-        trained_events_log=f.trained_events_log,
-        summary_file=f.summary_file,
-        seed=f.seed,
+    config = core.config_from_flags(ONLINE_FLAGS, OnlineConfig(), flag_values)
+    # No flag: the online MLP is not regularised, whatever its depth.
+    unregularised = (0.0,) * len(config.model.layers)
+    return dataclasses.replace(
+        config, model=dataclasses.replace(config.model, mlp_regularization=unregularised)
     )
 
 

@@ -4,6 +4,7 @@ dead letters, exports polled while written, bad flags."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -17,9 +18,12 @@ import numpy as np
 import pytest
 import redis
 import tensorflow as tf
+from absl import flags as absl_flags
 
-from recommendation import online_main
+from official.utils.flags import core
+from recommendation import ncf_common, online_main
 from recommendation.online import export, online_ncf
+from recommendation.online_main import OnlineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 64
@@ -411,3 +415,79 @@ def test_bad_input_exits_with_one_clear_line(tmp_path, flags, message):
     )
     assert result.returncode != 0 and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _parse(*args: str) -> absl_flags.FlagValues:
+    flag_values = absl_flags.FlagValues()
+    online_main.define_online_flags(flag_values)
+    flag_values(["online_main", *args])
+    return flag_values
+
+
+_ABSL_FLAGS = {"help", "helpfull", "helpshort", "helpxml", "flagfile", "undefok"}
+
+
+def test_every_flag_is_one_table_row_whose_default_is_its_fields():
+    """Each default is written once: in `OnlineConfig`, never beside a flag definition."""
+    parsed = _parse("--events_dir=/e")
+    rows = {spec.name: spec for spec in core.specs(online_main.ONLINE_FLAGS)}
+    assert len(rows) == len(core.specs(online_main.ONLINE_FLAGS))
+    names = {parsed[name].name for name in parsed} - _ABSL_FLAGS
+    assert names == set(rows)
+    for name in names:
+        assert parsed[name].default == core.flag_default(rows[name], OnlineConfig()), name
+
+
+def test_the_default_command_line_runs_the_config_defaults():
+    config = online_main.config_from_flags(_parse("--events_dir=/e"))
+    assert config == OnlineConfig(events_dir="/e")
+
+
+def test_the_defaults_a_user_sees_are_online_mains():
+    parsed = _parse("--events_dir=/e")
+    expected = {
+        "batch_size": 4096,
+        "model_dir": "/tmp/ncf-online",
+        "num_factors": 8,
+        "layers": ["64", "32", "16", "8"],
+        "num_neg": 4,
+        "learning_rate": 0.001,
+        "top_k": 10,
+        "seed": None,
+        "user_capacity": 2**16,
+        "item_capacity": 2**15,
+        "keep_exports": 3,
+        "sink_size": 4,
+        "linger_seconds": 0.2,
+        "checkpoint_every_secs": 30.0,
+        "export_every_secs": 2.0,
+        "amp_level": "O0",
+        "boost_level": "O1",
+    }
+    assert {name: parsed[name].default for name in expected} == expected
+
+
+def test_concepts_shared_with_ncf_main_are_its_flags():
+    # The same name, help, short name and checks; only the field (and default) is online's.
+    ncf = {spec.name: spec for spec in core.specs((*ncf_common.DATA_FLAGS, *ncf_common.NCF_FLAGS))}
+    online = {spec.name: spec for spec in core.specs(online_main.ONLINE_FLAGS)}
+    for name in ("num_factors", "layers", "num_neg", "learning_rate", "top_k", "seed"):
+        assert dataclasses.replace(online[name], field="") == dataclasses.replace(
+            ncf[name], field=""
+        ), name
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--layers=63,32"], "--layers must be positive integers, the first even"),
+        (["--batch_size=0"], "--batch_size must be a positive number"),
+        (["--max_norm=-1"], "--max_norm must be a positive number"),
+        (["--linger_seconds=-1"], "--linger_seconds must not be negative"),
+        (["--redis_url=redis://h:1/0"], "give exactly one source"),
+        (["--checkpoint_every_secs=0"], "--checkpoint_every_secs must be a positive number"),
+    ],
+)
+def test_bad_flags_are_rejected(args, message):
+    with pytest.raises(absl_flags.IllegalFlagValueError, match=message):
+        _parse("--events_dir=/e", *args)

@@ -236,27 +236,3 @@ def _module_name(frame: types.FrameType) -> str:
     """The module of `frame` as absl names it: the main module by its file."""
     name = frame.f_globals["__name__"]
     return sys.argv[0] if name == "__main__" else name
-
-
-def require_positive(
-    name: str, allow_none: bool = False, flag_values: flags.FlagValues = flags.FLAGS
-) -> None:
-    """Registers a validator: --`name` must be > 0 (or unset, if `allow_none`)."""
-    flags.register_validator(
-        name,
-        lambda value: (allow_none and value is None) or (value is not None and value > 0),
-        message=f"--{name} must be a positive number",
-        flag_values=flag_values,
-    )
-
-
-def require_non_negative(
-    name: str, allow_none: bool = False, flag_values: flags.FlagValues = flags.FLAGS
-) -> None:
-    """Registers a validator: --`name` must be >= 0 (or unset, if `allow_none`)."""
-    flags.register_validator(
-        name,
-        lambda value: (allow_none and value is None) or (value is not None and value >= 0),
-        message=f"--{name} must not be negative",
-        flag_values=flag_values,
-    )
