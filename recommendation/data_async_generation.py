@@ -42,12 +42,6 @@ class ProducerStopped(Exception):
     """The trainer went away or asked the producer to stop."""
 
 
-def write_json_atomically(path: str, payload: dict) -> None:
-    """`payload` as JSON, written atomically: online_main's summary file, until it
-    calls `atomic.write_file` itself."""
-    atomic.write_file(path, json.dumps(payload, sort_keys=True))
-
-
 # ---------------------------------------------------------------------------
 # What is generated (pure functions of data, parameters and seed)
 

@@ -36,10 +36,11 @@ from recommendation import (
     movielens,
     ncf_common,
     neumf_model,
+    run_folder,
 )
-from recommendation.data_async_generation import GenerationParams
 from recommendation.data_preprocessing import PreprocessedData
 from recommendation.ncf_common import NcfConfig
+from recommendation.run_folder import GenerationParams
 
 
 def _cycles(first_epoch: int, train_epochs: int, epochs_between_evals: int) -> tuple[int, ...]:
@@ -241,7 +242,7 @@ def _train_and_evaluate(
         mlperf.event("init_stop")
         mlperf.event("run_start")
 
-    run_root = os.path.join(config.data.resolved_cache_dir(), "runs")
+    run_root = os.path.join(config.data.resolved_cache_dir(), run_folder.RUNS_FOLDER)
     with data_pipeline.DataProducer(
         params, run_root, config.use_subprocess, config.data_stall_timeout_sec, start_run
     ) as producer:

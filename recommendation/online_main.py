@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import time
 
@@ -29,9 +30,9 @@ from absl import app, flags, logging
 
 from official.utils.flags import core
 from official.utils.flags.core import NON_NEGATIVE, POSITIVE, POSITIVE_OR_UNSET, FlagSpec, Rule
-from official.utils.misc import errors
+from official.utils.misc import atomic, errors
 from official.utils.misc.runner import ModelDirError, prepare_model_dir
-from recommendation import data_async_generation, ncf_common
+from recommendation import ncf_common
 from recommendation.online import callbacks, online_ncf, sources
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, RecModel
@@ -215,7 +216,7 @@ def run(config: OnlineConfig) -> dict:
         history=history,
     )
     if config.summary_file:
-        data_async_generation.write_json_atomically(config.summary_file, summary)
+        atomic.write_file(config.summary_file, json.dumps(summary, sort_keys=True))
     return summary
 
 
