@@ -28,7 +28,7 @@ from absl import app, flags, logging
 
 from official.utils.logs import mlperf_helper
 from official.utils.misc import atomic, errors
-from recommendation import constants, data_preprocessing, run_folder, stat_utils
+from recommendation import constants, data_preprocessing, mlperf_tags, run_folder, stat_utils
 from recommendation.data_preprocessing import PreprocessedData
 from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams, RecordField
 
@@ -406,7 +406,10 @@ def run(run_dir: str, should_stop) -> None:
     )
     params = wait_for_params(run_dir, should_stop)
     mlperf = mlperf_helper.MlperfLogger(
-        params.mlperf_log_file or None, params.mlperf_log_format, constants.MLPERF_BENCHMARK
+        params.mlperf_log_file or None,
+        params.mlperf_log_format,
+        constants.MLPERF_BENCHMARK,
+        mlperf_tags.V05_TAGS,
     )
     try:
         Producer(run_dir, params, should_stop, mlperf).run()

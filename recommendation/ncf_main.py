@@ -33,6 +33,7 @@ from recommendation import (
     data_pipeline,
     data_preprocessing,
     export,
+    mlperf_tags,
     movielens,
     ncf_common,
     neumf_model,
@@ -145,7 +146,9 @@ def run(config: NcfConfig) -> RunResult:
     prepare_model_dir(config.model_dir)
     chief = distribution_utils.is_chief(strategy)
     try:
-        with mlperf_helper.session(config.mlperf if chief else None) as mlperf:
+        with mlperf_helper.session(
+            config.mlperf if chief else None, mlperf_tags.V05_TAGS
+        ) as mlperf:
             with signals.interruptible():  # numpy and file reads only: may stop anywhere
                 data = data_preprocessing.load_or_build(config.data).data
             runner = _make_runner(config, data, strategy)

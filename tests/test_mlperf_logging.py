@@ -21,7 +21,7 @@ from mlperf_logging import compliance_checker
 from official.utils.flags import mlperf as mlperf_flags
 from official.utils.logs import mlperf_helper
 from official.utils.misc import signals
-from recommendation import ncf_main, synthetic_data
+from recommendation import mlperf_tags, ncf_main, synthetic_data
 from recommendation.data_preprocessing import DataConfig
 from recommendation.ncf_common import NcfConfig
 from recommendation.neumf_model import ModelParams
@@ -212,7 +212,7 @@ def test_merge_orders_by_time_and_drops_a_partial_line(tmp_path):
 
 def test_v05_writer_renames_reshapes_and_skips(tmp_path):
     path = str(tmp_path / "v05.log")
-    logger = mlperf_helper.MlperfLogger(path, mlperf_helper.V05)
+    logger = mlperf_helper.MlperfLogger(path, mlperf_helper.V05, v05_tags=mlperf_tags.V05_TAGS)
     logger.event("global_batch_size", 1024)
     logger.event("epoch_start", epoch_num=0)
     logger.event("epoch_stop", epoch_num=0)  # not a v0.5 tag
@@ -227,6 +227,36 @@ def test_v05_writer_renames_reshapes_and_skips(tmp_path):
         ("run_stop", {"success": False}),
     ]
     assert records[0].metadata["callsite"].startswith("tests/test_mlperf_logging.py:")
+
+
+def test_v05_writer_writes_the_tag_set_it_is_given(tmp_path):
+    path = str(tmp_path / "v05.log")
+    tag_set = mlperf_helper.V05TagSet(
+        tags=frozenset({"their_batch", "eval_accuracy"}),
+        renamed={"global_batch_size": "their_batch"},
+    )
+    logger = mlperf_helper.MlperfLogger(path, mlperf_helper.V05, "other", tag_set)
+    for key in ("global_batch_size", "eval_accuracy", "input_batch_size", "run_start"):
+        logger.event(key, 1)
+    logger.close()
+    assert [(r.key, r.value) for r in mlperf_helper.read_log(path)] == [
+        ("their_batch", 1),
+        ("eval_accuracy", 1),
+    ]
+    with open(path) as stream:
+        assert stream.read().startswith(":::MLPv0.5.0 other ")
+
+
+def test_a_v05_log_needs_a_tag_set(tmp_path):
+    options = mlperf_helper.MlperfOptions(
+        log_file=str(tmp_path / "v05.log"), log_format=mlperf_helper.V05, clear_caches=False
+    )
+    with pytest.raises(ValueError, match="needs the benchmark's v0.5 tag set"):
+        with mlperf_helper.session(options):
+            pass
+    with mlperf_helper.session(options, mlperf_tags.V05_TAGS) as logger:
+        logger.event("run_start")
+    assert "run_start" in [record.key for record in mlperf_helper.read_log(options.log_file)]
 
 
 def test_disabled_logger_writes_nothing(tmp_path):

@@ -9,9 +9,10 @@ reference logged; the logger writes one of
   set of the old ``mlperf_compliance`` package (MLPerf v0.5 NCF results).
 
 Keys are mllog's (`mllog.constants` where it has one, the v0.5 tag where only v0.5
-had one). The v0.5 writer renames the keys v0.5 named differently (`V05_RENAMED`),
-turns ``epoch_num`` metadata into ``{"epoch", "value"}`` values, writes only the v0.5
-tags (`V05_TAGS`) and ends the log with ``run_final``.
+had one). v0.5 had a tag set per benchmark, which the benchmark passes in (a
+`V05TagSet`; NCF's is `recommendation.mlperf_tags`): the v0.5 writer renames the keys
+its set names differently, turns ``epoch_num`` metadata into ``{"epoch", "value"}``
+values, writes only the tags of the set and ends the log with ``run_final``.
 
 A helper process (the data producer) logs through its own `MlperfLogger` into
 `MlperfLogger.part_file`; when the run ends, `session` merges the part into the
@@ -30,7 +31,7 @@ import logging as py_logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import tensorflow as tf
 from absl import logging
@@ -55,53 +56,19 @@ _V05_LINE = re.compile(
     r"(?P<tag>\w+)(?:: (?P<value>.*))?$"
 )
 
-# mllog key -> the v0.5 tag for the same event.
-V05_RENAMED = {
-    mllog_constants.CACHE_CLEAR: "run_clear_caches",
-    mllog_constants.GLOBAL_BATCH_SIZE: "input_batch_size",
-    mllog_constants.OPT_BASE_LR: "opt_learning_rate",
-    mllog_constants.OPT_ADAM_BETA_1: "opt_hp_adam_beta1",
-    mllog_constants.OPT_ADAM_BETA_2: "opt_hp_adam_beta2",
-    mllog_constants.OPT_ADAM_EPSILON: "opt_hp_adam_epsilon",
-    mllog_constants.SEED: "run_set_random_seed",
-    mllog_constants.EPOCH_START: "train_epoch",
-    mllog_constants.EVAL_SAMPLES: "eval_hp_num_users",
-}
-# The tags a v0.5 NCF log holds (the mlperf_compliance package's NCF tag set).
-V05_TAGS = frozenset(
-    {
-        "run_clear_caches",
-        "run_set_random_seed",
-        "run_start",
-        "preproc_hp_min_ratings",
-        "preproc_hp_num_eval",
-        "preproc_hp_sample_eval_replacement",
-        "input_hp_num_neg",
-        "input_hp_sample_train_replacement",
-        "input_step_train_neg_gen",
-        "input_step_eval_neg_gen",
-        "input_size",
-        "input_batch_size",
-        "model_hp_mf_dim",
-        "model_hp_mlp_layer_sizes",
-        "opt_learning_rate",
-        "opt_hp_adam_beta1",
-        "opt_hp_adam_beta2",
-        "opt_hp_adam_epsilon",
-        "model_hp_loss_fn",
-        "train_loop",
-        "train_epoch",
-        "eval_start",
-        "eval_size",
-        "eval_target",
-        "eval_accuracy",
-        "eval_hp_num_users",
-        "eval_hp_num_neg",
-        "eval_stop",
-        "run_stop",
-        "run_final",
-    }
-)
+
+@dataclasses.dataclass(frozen=True)
+class V05TagSet:
+    """A benchmark's v0.5 tag set (the old ``mlperf_compliance`` package had one per
+    benchmark): the v0.5 writer logs these tags only.
+
+    Attributes:
+        tags: The tags its log holds; events under other names are not written.
+        renamed: mllog key -> the v0.5 tag of the same event, where the two differ.
+    """
+
+    tags: frozenset[str]
+    renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,14 +111,24 @@ class MlperfLogger:
         path: The file, created afresh (None: log nothing).
         log_format: ``mllog`` or ``v0.5``.
         benchmark: Benchmark name of v0.5 lines.
+        v05_tags: The benchmark's v0.5 tag set (needed for ``v0.5``).
     """
 
-    def __init__(self, path: str | None, log_format: str = MLLOG, benchmark: str = "ncf") -> None:
+    def __init__(
+        self,
+        path: str | None,
+        log_format: str = MLLOG,
+        benchmark: str = "ncf",
+        v05_tags: V05TagSet | None = None,
+    ) -> None:
         if log_format not in FORMATS:
             raise ValueError(f"MLPerf log format must be one of {FORMATS}, not {log_format!r}")
+        if path is not None and log_format == V05 and v05_tags is None:
+            raise ValueError("a v0.5 MLPerf log needs the benchmark's v0.5 tag set")
         self.path = path
         self.log_format = log_format
         self.benchmark = benchmark
+        self.v05_tags = v05_tags
         self.run_stopped = False
         self._stream = None
         if path is None:
@@ -190,8 +167,8 @@ class MlperfLogger:
             # mllog walks the stack itself: past its own frames and this one.
             log(key=key, value=value, metadata=metadata, stack_offset=2)
             return
-        tag = V05_RENAMED.get(key, key)
-        if tag in V05_TAGS:
+        tag = self.v05_tags.renamed.get(key, key)
+        if tag in self.v05_tags.tags:
             callsite = mllog.get_caller(2, root_dir=_ROOT)
             self._write_line(self.v05_line(tag, _v05_value(key, value, metadata), callsite))
 
@@ -253,7 +230,9 @@ def drop_page_cache(path: str = DROP_CACHES_PATH) -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def session(options: MlperfOptions | None) -> Iterator[MlperfLogger]:
+def session(
+    options: MlperfOptions | None, v05_tags: V05TagSet | None = None
+) -> Iterator[MlperfLogger]:
     """One run's compliance log, from cache clearing to the merged final file.
 
     Logs, in order: ``cache_clear`` (after dropping the page cache, or with the
@@ -264,11 +243,12 @@ def session(options: MlperfOptions | None) -> Iterator[MlperfLogger]:
 
     Args:
         options: What to write; None (e.g. on non-chief workers) logs nothing.
+        v05_tags: The benchmark's v0.5 tag set (needed for the ``v0.5`` format).
     """
     if options is None:
         yield MlperfLogger(None)
         return
-    logger = MlperfLogger(options.log_file, options.log_format, options.benchmark)
+    logger = MlperfLogger(options.log_file, options.log_format, options.benchmark, v05_tags)
     if tf.io.gfile.exists(logger.part_file):
         tf.io.gfile.remove(logger.part_file)  # a previous run's leftover
     cleared, reason = (
