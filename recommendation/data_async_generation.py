@@ -1,7 +1,7 @@
 """The data producer: samples negatives and writes training cycles and the eval set.
 
 Runs as its own process (``python -m recommendation.data_async_generation --run_dir
-DIR``), started by the trainer (`data_pipeline.DataProducer`), so sampling overlaps
+DIR``), started by the trainer (`data_pipeline.ProducerHandle`), so sampling overlaps
 training. What it reads and writes in the run folder, and in which order, is the
 protocol of `run_folder`.
 

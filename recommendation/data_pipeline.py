@@ -1,6 +1,6 @@
 """The trainer's side of the data pipeline: the producer handle and `tf.data` inputs.
 
-`DataProducer` starts the producer (`data_async_generation`) as a separate process,
+`ProducerHandle` starts the producer (`data_async_generation`) as a separate process,
 hands it the generation parameters and waits for its ready files. While waiting it
 watches the process and its progress file: if the producer exits or makes no
 progress for `stall_timeout_sec`, the wait raises `ProducerError` naming the exit
@@ -38,12 +38,14 @@ class ProducerError(RuntimeError):
     """The data producer died or stopped making progress."""
 
 
-class DataProducer:
-    """Runs the data producer for one training run.
+class ProducerHandle:
+    """The trainer's handle on the data producer of one training run (the producer
+    itself is `data_async_generation.Producer`, in its own process): starts it, hands it
+    its work, waits for its files and stops it.
 
     Use as a context manager::
 
-        with DataProducer(params, run_root) as producer:
+        with ProducerHandle(params, run_root) as producer:
             eval_info = producer.eval_data()
             for cycle in range(len(params.epochs_per_cycle)):
                 info = producer.cycle(cycle)
@@ -81,7 +83,7 @@ class DataProducer:
 
     # -- life cycle ---------------------------------------------------------
 
-    def __enter__(self) -> DataProducer:
+    def __enter__(self) -> ProducerHandle:
         try:
             self.start()
         except BaseException:

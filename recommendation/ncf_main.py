@@ -246,7 +246,7 @@ def _train_and_evaluate(
         mlperf.event("run_start")
 
     run_root = os.path.join(config.data.resolved_cache_dir(), run_folder.RUNS_FOLDER)
-    with data_pipeline.DataProducer(
+    with data_pipeline.ProducerHandle(
         params, run_root, config.use_subprocess, config.data_stall_timeout_sec, start_run
     ) as producer:
         mlperf.event("train_loop")

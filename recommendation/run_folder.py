@@ -1,6 +1,6 @@
 """The producer/trainer file protocol: what a run folder holds and how it is encoded.
 
-The trainer (`data_pipeline.DataProducer`) and the producer process
+The trainer (`data_pipeline.ProducerHandle`) and the producer process
 (`data_async_generation`) share nothing but a run folder,
 ``CACHE_DIR/runs/ncf_run_<time>_<id>/``; this module is all either side knows of the
 other's files. In order:

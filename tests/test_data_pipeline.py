@@ -18,7 +18,7 @@ from official.utils.logs import mlperf_helper
 from official.utils.misc import signals
 from recommendation import constants, data_pipeline, data_preprocessing, run_folder, synthetic_data
 from recommendation.data_async_generation import Producer
-from recommendation.data_pipeline import DataProducer, ProducerError
+from recommendation.data_pipeline import ProducerError, ProducerHandle
 from recommendation.run_folder import GenerationParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +76,7 @@ def _points_read(dataset) -> tuple[int, int, int]:
 
 def test_cycles_and_eval_through_a_producer_process(cache_path, tmp_path):
     num_train = data_preprocessing.read_cache(cache_path).num_train_positives
-    with DataProducer(_params(cache_path), str(tmp_path)) as producer:
+    with ProducerHandle(_params(cache_path), str(tmp_path)) as producer:
         eval_info = producer.eval_data()
         assert (eval_info.num_users, eval_info.block_size) == (200, 100)
         blocks = list(data_pipeline.eval_input_fn(eval_info))
@@ -102,7 +102,7 @@ def test_cycles_and_eval_through_a_producer_process(cache_path, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def _all_bytes(producer: DataProducer, num_cycles: int) -> dict[str, bytes]:
+def _all_bytes(producer: ProducerHandle, num_cycles: int) -> dict[str, bytes]:
     contents = {}
     folders = [producer.eval_data().folder]
     for cycle in range(num_cycles):
@@ -118,11 +118,11 @@ def test_same_seed_gives_identical_bytes_whatever_the_worker_count(cache_path, t
     runs = []
     for workers in (1, 3):
         params = _params(cache_path, num_workers=workers, cycles_to_buffer=2)
-        with DataProducer(params, str(tmp_path), use_subprocess=False) as producer:
+        with ProducerHandle(params, str(tmp_path), use_subprocess=False) as producer:
             runs.append(_all_bytes(producer, 2))
     assert runs[0].keys() == runs[1].keys() and len(runs[0]) == 9
     assert runs[0] == runs[1]
-    with DataProducer(_params(cache_path, seed=8), str(tmp_path), use_subprocess=False) as other:
+    with ProducerHandle(_params(cache_path, seed=8), str(tmp_path), use_subprocess=False) as other:
         assert _all_bytes(other, 2) != runs[0]
 
 
@@ -190,7 +190,7 @@ def test_a_ready_file_is_written_only_after_every_shard_is_closed(cache_path, tm
 
 def test_killed_producer_raises_instead_of_hanging(cache_path, tmp_path):
     params = _params(cache_path, epochs_per_cycle=(1,) * 50, cycles_to_buffer=1)
-    with DataProducer(params, str(tmp_path), stall_timeout_sec=60) as producer:
+    with ProducerHandle(params, str(tmp_path), stall_timeout_sec=60) as producer:
         producer.eval_data()
         os.kill(producer._process.pid, signal.SIGKILL)
         with pytest.raises(
@@ -206,7 +206,7 @@ def test_killed_producer_raises_instead_of_hanging(cache_path, tmp_path):
 
 def test_stalled_producer_raises_after_the_stall_timeout(cache_path, tmp_path):
     params = _params(cache_path, epochs_per_cycle=(1,) * 50, cycles_to_buffer=1)
-    with DataProducer(params, str(tmp_path), stall_timeout_sec=2) as producer:
+    with ProducerHandle(params, str(tmp_path), stall_timeout_sec=2) as producer:
         producer.eval_data()
         os.kill(producer._process.pid, signal.SIGSTOP)
         try:
@@ -220,7 +220,7 @@ def test_stalled_producer_raises_after_the_stall_timeout(cache_path, tmp_path):
 
 def test_crashing_producer_reports_status_and_log(tmp_path):
     params = _params(str(tmp_path / "missing_cache.npz"))
-    with DataProducer(params, str(tmp_path)) as producer:
+    with ProducerHandle(params, str(tmp_path)) as producer:
         with pytest.raises(ProducerError, match=r"failed while the trainer waited .*missing_cache"):
             producer.eval_data()
 
@@ -228,7 +228,7 @@ def test_crashing_producer_reports_status_and_log(tmp_path):
 _TRAINER = textwrap.dedent("""
     import sys
     from official.utils.misc import errors, signals
-    from recommendation.data_pipeline import DataProducer
+    from recommendation.data_pipeline import ProducerHandle
     from recommendation.run_folder import GenerationParams
     params = GenerationParams(cache_path=sys.argv[1], batch_size=512, eval_users_per_batch=10,
                               num_neg=4, num_eval_negatives=9, epochs_per_cycle=(1,) * 9,
@@ -236,7 +236,7 @@ _TRAINER = textwrap.dedent("""
     # As an entry point runs it: signals end the wait for a cycle that never comes
     # (the first two are never released, so the producer has no room for a third).
     with signals.stop_on_signals(), errors.exit_on_user_errors():
-        with DataProducer(params, sys.argv[2]) as producer:
+        with ProducerHandle(params, sys.argv[2]) as producer:
             producer.eval_data()
             print(producer._process.pid, flush=True)
             producer.cycle(2)
@@ -277,8 +277,8 @@ def _alive(pid: int) -> bool:
 
 def test_two_runs_on_one_folder_use_separate_run_dirs(cache_path, tmp_path):
     with (
-        DataProducer(_params(cache_path), str(tmp_path), use_subprocess=False) as first,
-        DataProducer(_params(cache_path), str(tmp_path), use_subprocess=False) as second,
+        ProducerHandle(_params(cache_path), str(tmp_path), use_subprocess=False) as first,
+        ProducerHandle(_params(cache_path), str(tmp_path), use_subprocess=False) as second,
     ):
         assert first.run_dir != second.run_dir
         assert first.cycle(0).folder != second.cycle(0).folder
@@ -311,11 +311,11 @@ def test_an_unwritable_run_folder_is_one_clear_error(cache_path, tmp_path):
         match=r"cannot write the producer's run folder in .*cache/runs: .*; pass --cache_dir "
         "with a writable folder",
     ):
-        DataProducer(_params(cache_path), str(blocked / "runs")).start()
+        ProducerHandle(_params(cache_path), str(blocked / "runs")).start()
 
 
 def test_a_start_interrupted_before_the_producer_is_up_leaves_nothing(cache_path, tmp_path):
-    producer = DataProducer(_params(cache_path), str(tmp_path))
+    producer = ProducerHandle(_params(cache_path), str(tmp_path))
     with signals.stop_on_signals():
         os.kill(os.getpid(), signal.SIGTERM)  # pending: raised while start waits
         with pytest.raises(signals.Interrupted), producer:
