@@ -34,6 +34,7 @@ from official.utils.misc import atomic, errors
 from official.utils.misc.runner import ModelDirError, prepare_model_dir
 from recommendation import ncf_common
 from recommendation.online import callbacks, online_ncf, sources
+from recommendation.online.event_stream import EventStream
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, RecModel
 
@@ -200,7 +201,7 @@ def run(config: OnlineConfig) -> dict:
     chosen = make_callbacks(config)
     try:
         summary = rec_model.online_train(
-            online_ncf.EventStream(source, config.batch_size, config.linger_seconds),
+            EventStream(source, config.batch_size, config.linger_seconds),
             chosen,
             dataset_sink_mode=True,
             sink_size=config.sink_size,
