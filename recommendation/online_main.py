@@ -18,7 +18,6 @@ finishes the step, checkpoints, acknowledges and exits. Flags are read here only
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -92,53 +91,6 @@ class OnlineConfig:
     seed: int | None = None
 
 
-def table_digest(network: online_ncf.OnlineNeuMF) -> str:
-    """A short hash of both hash tables' (id, row) pairs: equal digests, equal tables."""
-    digest = hashlib.sha256()
-    for embedding in (network.user_embedding, network.item_embedding):
-        keys, slots = embedding.contents()
-        digest.update(np.asarray(keys).tobytes() + b"|" + np.asarray(slots).tobytes() + b"/")
-    return digest.hexdigest()[:16]
-
-
-class TrainedEventsLog(Callback):
-    """Appends the source ids of each trained sink's events to a file (flushed), so
-    that tests and audits can count how often every event was trained."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-        self._file = None
-
-    def on_train_begin(self, logs=None) -> None:
-        self._file = tf.io.gfile.GFile(self.path, "a")
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        self._file.write("".join(f"{i}\n" for i in self.rec_model.trained_ids))
-        self._file.flush()
-
-    def on_train_end(self, logs=None) -> None:
-        self._file.close()
-
-
-class _ReportRestore(Callback):
-    """Prints the restored state (after the checkpoint callback restored it)."""
-
-    def __init__(self, checkpoint: callbacks.CheckpointCallback) -> None:
-        super().__init__()
-        self.checkpoint = checkpoint
-
-    def on_train_begin(self, logs=None) -> None:
-        if self.checkpoint.restored_from:
-            network, step = self.rec_model.network, int(self.rec_model.step.numpy())
-            print(
-                f"restored {self.checkpoint.restored_from}: step={step} "
-                f"users={int(network.user_embedding.size())} "
-                f"items={int(network.item_embedding.size())} tables={table_digest(network)}",
-                flush=True,
-            )
-
-
 def make_source(config: OnlineConfig):
     """The Redis or folder source the config names."""
     if config.redis_url:
@@ -155,14 +107,16 @@ def make_source(config: OnlineConfig):
     return sources.DirectorySource(config.events_dir, sources.DeadLetterFile(dead_letter))
 
 
-def make_callbacks(config: OnlineConfig) -> list:
+def make_callbacks(config: OnlineConfig) -> list[Callback]:
     """Audit log (first: an event is logged before a checkpoint can vouch for it),
     checkpoint, export, metrics and stop conditions."""
     checkpoint = callbacks.CheckpointCallback(
         config.model_dir, config.checkpoint_every_steps, config.checkpoint_every_secs
     )
-    chosen = [TrainedEventsLog(config.trained_events_log)] if config.trained_events_log else []
-    chosen += [checkpoint, _ReportRestore(checkpoint)]
+    chosen: list[Callback] = []
+    if config.trained_events_log:
+        chosen.append(callbacks.TrainedEventsLog(config.trained_events_log))
+    chosen += [checkpoint, callbacks.ReportRestore(checkpoint)]
     if config.export_dir:
         chosen.append(
             callbacks.ExportCallback(

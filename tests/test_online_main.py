@@ -22,7 +22,7 @@ from absl import flags as absl_flags
 
 from official.utils.flags import core
 from recommendation import ncf_common, online_main
-from recommendation.online import export, online_ncf
+from recommendation.online import callbacks, export, online_ncf
 from recommendation.online_main import OnlineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +129,7 @@ def _checkpoint_state(path: str) -> tuple[int, str, dict]:
     rec_model = online_ncf.build_rec_model(MODEL)
     rec_model.checkpoint.read(path).assert_existing_objects_matched()
     rec_model.after_restore()
-    step, digest = int(rec_model.step.numpy()), online_main.table_digest(rec_model.network)
+    step, digest = int(rec_model.step.numpy()), callbacks.table_digest(rec_model.network)
     return step, digest, rec_model.position
 
 

@@ -1,17 +1,21 @@
 """Ready-made callbacks for `RecModel.online_train`: checkpoint (with the stream
-offsets, then commit), periodic export, metric logging and stopping."""
+offsets, then commit), periodic export, metric logging, stopping, an audit log of the
+trained events and a report of the restored state."""
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import time
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from recommendation.online import export
+from recommendation.online.online_ncf import OnlineNeuMF
 from recommendation.online.rec_model import Callback, RecModel
 
 
@@ -267,3 +271,61 @@ class StopAfter(Callback):
     def _check_time(self) -> None:
         if self.seconds is not None and time.monotonic() - self._start > self.seconds:
             self.rec_model.stop_training = True
+
+
+def table_digest(network: OnlineNeuMF) -> str:
+    """A short hash of both hash tables' (id, row) pairs: equal digests, equal tables."""
+    digest = hashlib.sha256()
+    for embedding in (network.user_embedding, network.item_embedding):
+        keys, slots = embedding.contents()
+        digest.update(np.asarray(keys).tobytes() + b"|" + np.asarray(slots).tobytes() + b"/")
+    return digest.hexdigest()[:16]
+
+
+class TrainedEventsLog(Callback):
+    """Appends the source ids of each trained sink's events to a file (flushed), so
+    that tests and audits can count how often every event was trained (place it before
+    the checkpoint callback: an event is logged before a checkpoint vouches for it).
+
+    Args:
+        path: File appended to (any `tf.io.gfile` path).
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self._file = None
+
+    def on_train_begin(self, logs=None) -> None:
+        self._file = tf.io.gfile.GFile(self.path, "a")
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self._file.write("".join(f"{i}\n" for i in self.rec_model.trained_ids))
+        self._file.flush()
+
+    def on_train_end(self, logs=None) -> None:
+        self._file.close()
+
+
+class ReportRestore(Callback):
+    """Prints one line with the checkpoint restored, its step, the tables' sizes and
+    `table_digest`, so that a restart shows what it resumed from (place it after
+    `checkpoint`, which restores in its `on_train_begin`).
+
+    Args:
+        checkpoint: The run's checkpoint callback.
+    """
+
+    def __init__(self, checkpoint: CheckpointCallback) -> None:
+        super().__init__()
+        self.checkpoint = checkpoint
+
+    def on_train_begin(self, logs=None) -> None:
+        if self.checkpoint.restored_from:
+            network, step = self.rec_model.network, int(self.rec_model.step.numpy())
+            print(
+                f"restored {self.checkpoint.restored_from}: step={step} "
+                f"users={int(network.user_embedding.size())} "
+                f"items={int(network.item_embedding.size())} tables={table_digest(network)}",
+                flush=True,
+            )
