@@ -49,7 +49,7 @@ from recommendation import (  # noqa: E402
 )
 from recommendation.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.ncf_common import NcfConfig  # noqa: E402
-from recommendation.online import export  # noqa: E402
+from recommendation.online import versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,7 +205,7 @@ def _full_pass(redis_url: str, work_dir: str) -> tuple[dict, str, str]:
         redis_url, "train", "full", work_dir, f"--export_dir={export_dir}", "--idle_timeout_secs=5"
     )
     process.wait()
-    return _summary(work_dir, "full"), export.latest_export(export_dir), load
+    return _summary(work_dir, "full"), versioned_export.latest_export(export_dir), load
 
 
 def _hit_rate(export_dir: str, data, blocks) -> float:
@@ -235,12 +235,12 @@ class _ExportWatcher(threading.Thread):
     def run(self) -> None:
         known = set()
         while not self.stop.is_set():
-            for version in export.versions(self.export_dir):
+            for version in versioned_export.versions(self.export_dir):
                 if version not in known:
                     known.add(version)
                     path = os.path.join(self.export_dir, str(version))
                     try:
-                        position = export.read_info(path)["position"]
+                        position = versioned_export.read_info(path)["position"]
                     except (tf.errors.NotFoundError, FileNotFoundError):
                         continue  # already replaced by a newer one
                     # A Redis position is {"id": last entry read, "dead_letters": n}.

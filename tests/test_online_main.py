@@ -22,7 +22,7 @@ from absl import flags as absl_flags
 
 from official.utils.flags import core
 from recommendation import ncf_common, online_main
-from recommendation.online import callbacks, export, online_ncf
+from recommendation.online import callbacks, online_ncf, versioned_export
 from recommendation.online_main import OnlineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,14 +232,14 @@ def test_a_crash_before_the_first_checkpoint_dead_letters_once_and_exports_above
     first_audit = tmp_path / "first.txt"
     first, _ = _start(tmp_path, "first", *flags, f"--trained_events_log={first_audit}")
     _wait_for(
-        lambda: len(_lines(first_audit)) == 600 and export.versions(str(export_base)),
+        lambda: len(_lines(first_audit)) == 600 and versioned_export.versions(str(export_base)),
         what="every event trained and an export",
         process=first,
     )
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     assert tf.train.latest_checkpoint(str(model_dir)) is None  # killed before any
-    crashed_versions = export.versions(str(export_base))
+    crashed_versions = versioned_export.versions(str(export_base))
 
     second, out = _start(tmp_path, "second", *flags, "--idle_timeout_secs=3")
     text = _finish(second, out, tmp_path, "second")
@@ -252,9 +252,9 @@ def test_a_crash_before_the_first_checkpoint_dead_letters_once_and_exports_above
     assert client.xpending("events", "trainer")["pending"] == 0
     # The restarted run's versions are all above the crashed run's, and the newest is
     # its final model.
-    kept = export.versions(str(export_base))
+    kept = versioned_export.versions(str(export_base))
     assert min(kept) > max(crashed_versions)
-    newest = export.read_info(export.latest_export(str(export_base)))
+    newest = versioned_export.read_info(versioned_export.latest_export(str(export_base)))
     assert newest["step"] == _summary_step(text)
     assert not [name for name in os.listdir(export_base) if name.startswith(".")]
     assert newest["position"] == {"id": _stream_ids(client)[-1], "dead_letters": 7}
@@ -348,13 +348,13 @@ def test_exports_are_never_seen_half_written(tmp_path):
 
     def poll() -> None:
         while not done.is_set():
-            latest = export.latest_export(str(export_base))
+            latest = versioned_export.latest_export(str(export_base))
             if latest is None or latest in seen:
                 time.sleep(0.01)
                 continue
             seen.add(latest)
             try:
-                info = export.read_info(latest)
+                info = versioned_export.read_info(latest)
                 served = tf.saved_model.load(latest).signatures["serving_default"]
                 scores = served(
                     user_id=tf.constant([1, 2], tf.int64), item_id=tf.constant([3, 4], tf.int64)
@@ -384,9 +384,9 @@ def test_exports_are_never_seen_half_written(tmp_path):
     reader.join()
     assert not errors, errors
     assert len(seen) >= 2, text
-    assert len(export.versions(str(export_base))) == 2
-    final = export.latest_export(str(export_base))
-    assert export.read_info(final)["position"] == {
+    assert len(versioned_export.versions(str(export_base))) == 2
+    final = versioned_export.latest_export(str(export_base))
+    assert versioned_export.read_info(final)["position"] == {
         "offsets": {"a.csv": os.path.getsize(events_dir / "a.csv")},
         "dead_letters": 0,
     }

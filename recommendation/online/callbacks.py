@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from recommendation.online import export
+from recommendation.online import versioned_export
 from recommendation.online.online_ncf import OnlineNeuMF
 from recommendation.online.rec_model import Callback, RecModel
 
@@ -132,7 +132,7 @@ class CheckpointCallback(_Periodic):
 class ExportCallback(_Periodic):
     """Exports a serving SavedModel every N steps or seconds and at the end, as the
     next version of `export_base` (the step, or above the newest version already there:
-    `export.Exporter`), atomically, keeping the last `keep`.
+    `versioned_export.Exporter`), atomically, keeping the last `keep`.
 
     Args:
         export_base: Folder of versions.
@@ -151,7 +151,7 @@ class ExportCallback(_Periodic):
     ) -> None:
         super().__init__(every_steps, every_seconds)
         self.export_base, self.serving, self.keep = export_base, serving, keep
-        self._exporter: export.Exporter | None = None
+        self._exporter: versioned_export.Exporter | None = None
         self.exported: list[str] = []
 
     def act(self) -> str:
@@ -160,7 +160,9 @@ class ExportCallback(_Periodic):
         step = int(rec_model.step.numpy())
         if self._exporter is None:  # traced and saved once; later only the values
             module, signatures = self.serving(rec_model)
-            self._exporter = export.Exporter(self.export_base, module, signatures, self.keep)
+            self._exporter = versioned_export.Exporter(
+                self.export_base, module, signatures, self.keep
+            )
         path = self._exporter.export(step, {"step": step, "position": rec_model.position})
         self.schedule.mark(step)
         self.exported.append(path)

@@ -239,8 +239,10 @@ def build_rec_model(
 
 
 def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
-    """The export: ``serving_default(user_id, item_id)`` (int64 raw ids, `(n,)`) ->
-    ``{"scores": (n,) probabilities}``; unknown ids score with the default rows."""
+    """What each serving version holds (`callbacks.ExportCallback` writes it with
+    `versioned_export`, which knows no model): ``serving_default(user_id, item_id)``
+    (int64 raw ids, `(n,)`) -> ``{"scores": (n,) probabilities}``; unknown ids score
+    with the default rows."""
     network = rec_model.network
 
     class Serving(tf.Module):

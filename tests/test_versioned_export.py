@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from recommendation.online import export
+from recommendation.online import versioned_export
 
 
 class _Scaler(tf.Module):
@@ -31,7 +31,9 @@ def _served(path: str, keys) -> np.ndarray:
 
 def test_later_versions_carry_new_values_and_old_ones_go(tmp_path):
     module = _Scaler()
-    exporter = export.Exporter(str(tmp_path), module, {"serving_default": module.serve}, keep=2)
+    exporter = versioned_export.Exporter(
+        str(tmp_path), module, {"serving_default": module.serve}, keep=2
+    )
     module.table.insert(tf.constant([1], tf.int64), tf.constant([2.0]))
     first = exporter.export(10, {"position": "a"})
     module.weight.assign(3.0)
@@ -40,21 +42,23 @@ def test_later_versions_carry_new_values_and_old_ones_go(tmp_path):
     np.testing.assert_allclose(_served(first, [1, 5]), [2.0, 0.0])
     np.testing.assert_allclose(_served(second, [1, 5]), [6.0, 21.0])
     exporter.export(30, {"position": "c"})
-    assert export.versions(str(tmp_path)) == [20, 30]
-    assert export.latest_export(str(tmp_path)) == os.path.join(str(tmp_path), "30")
-    info = export.read_info(export.latest_export(str(tmp_path)))
+    assert versioned_export.versions(str(tmp_path)) == [20, 30]
+    assert versioned_export.latest_export(str(tmp_path)) == os.path.join(str(tmp_path), "30")
+    info = versioned_export.read_info(versioned_export.latest_export(str(tmp_path)))
     assert info["position"] == "c" and info["version"] == 30
     assert sorted(os.listdir(tmp_path)) == ["20", "30"]  # no temporary folders left
 
 
 def test_no_versions_in_a_missing_folder(tmp_path):
-    assert export.versions(str(tmp_path / "none")) == []
-    assert export.latest_export(str(tmp_path / "none")) is None
+    assert versioned_export.versions(str(tmp_path / "none")) == []
+    assert versioned_export.latest_export(str(tmp_path / "none")) is None
 
 
 def test_versions_keep_increasing_after_a_restart_from_an_older_step(tmp_path):
     crashed = _Scaler()
-    exporter = export.Exporter(str(tmp_path), crashed, {"serving_default": crashed.serve}, keep=2)
+    exporter = versioned_export.Exporter(
+        str(tmp_path), crashed, {"serving_default": crashed.serve}, keep=2
+    )
     exporter.export(10, {"step": 10})
     exporter.export(20, {"step": 20})  # then killed before its checkpoint
     killed = subprocess.Popen([sys.executable, "-c", ""])
@@ -64,13 +68,18 @@ def test_versions_keep_increasing_after_a_restart_from_an_older_step(tmp_path):
     resumed = _Scaler()  # restarted from step 0, with other values
     resumed.weight.assign(5.0)
     resumed.table.insert(tf.constant([1], tf.int64), tf.constant([1.0]))
-    exporter = export.Exporter(str(tmp_path), resumed, {"serving_default": resumed.serve}, keep=2)
+    exporter = versioned_export.Exporter(
+        str(tmp_path), resumed, {"serving_default": resumed.serve}, keep=2
+    )
     assert sorted(os.listdir(tmp_path)) == ["10", "20"]  # the leftovers are gone
     exporter.export(5, {"step": 5})
     newest = exporter.export(15, {"step": 15})
-    assert export.versions(str(tmp_path)) == [21, 22]  # the crashed run's 20 is pruned
-    assert export.latest_export(str(tmp_path)) == newest
-    assert export.read_info(newest)["step"] == 15 and export.read_info(newest)["version"] == 22
+    assert versioned_export.versions(str(tmp_path)) == [21, 22]  # the crashed run's 20 is pruned
+    assert versioned_export.latest_export(str(tmp_path)) == newest
+    assert (
+        versioned_export.read_info(newest)["step"] == 15
+        and versioned_export.read_info(newest)["version"] == 22
+    )
     np.testing.assert_allclose(_served(newest, [1]), [5.0])  # the resumed model is served
     resumed.weight.assign(6.0)
     assert os.path.basename(exporter.export(40, {"step": 40})) == "40"  # past them: the step

@@ -13,6 +13,10 @@ crashed before its checkpoint and resumed from an older step (or from none) thus
 exports above the versions of the run that crashed, and a server loading the highest
 version loads the newest model; pruning by version keeps the newest ones. One
 exporter writes to a folder at a time.
+
+(ncf-main's one-off SavedModel and ONNX export of a trained model is
+`recommendation/export.py`; this module knows no model: `online_ncf.serving` says what
+a version holds.)
 """
 
 from __future__ import annotations
