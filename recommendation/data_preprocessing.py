@@ -41,8 +41,9 @@ import tensorflow as tf
 from absl import logging
 
 from official.utils.misc import atomic
-from recommendation import constants, movielens, synthetic_data
-from recommendation.movielens import DataError, RawRatings
+from recommendation import constants, movielens, ratings_readers, synthetic_data
+from recommendation.movielens import DataError
+from recommendation.ratings_readers import RawRatings
 
 CACHE_FILE = "ncf_cache.npz"
 CACHE_METADATA_FILE = "ncf_cache.json"
@@ -123,7 +124,7 @@ class DataConfig:
     ml_perf: bool = False
     seed: int = 0
     synthetic: synthetic_data.SyntheticSpec = synthetic_data.SyntheticSpec()
-    generic: movielens.GenericSource | None = None
+    generic: ratings_readers.GenericSource | None = None
     cache_max_age_sec: float = constants.CACHE_INVALIDATION_SEC
 
     def resolved_cache_dir(self) -> str:
@@ -296,7 +297,7 @@ def _stable_argsort_small_ints(values: np.ndarray) -> np.ndarray:
     return keys
 
 
-def from_ncf_split(split: movielens.NcfSplitFiles) -> PreprocessedData:
+def from_ncf_split(split: ratings_readers.NcfSplitFiles) -> PreprocessedData:
     """Uses the NCF paper's split as given: its ids are already dense indexes.
 
     The test and negative files are kept as they are (their rows are the evaluation
@@ -354,16 +355,16 @@ def build(config: DataConfig) -> tuple[PreprocessedData, tuple[str, ...]]:
     """Reads the configured source and preprocesses it; returns data and source files."""
     info = movielens.dataset_info(config.dataset)
     if info.kind == "ncf_split":
-        split = movielens.read_ncf_split(config.data_dir, config.dataset)
+        split = ratings_readers.read_ncf_split(config.data_dir, config.dataset)
         return from_ncf_split(split), split.sources
     if info.kind == "synthetic":
         raw = synthetic_data.generate(config.synthetic, config.seed)
     elif info.kind == "generic":
         if config.generic is None:
             raise DataError("--dataset generic needs --ratings_file")
-        raw = movielens.read_generic(config.generic)
+        raw = ratings_readers.read_generic(config.generic)
     else:
-        raw = movielens.read_movielens(
+        raw = ratings_readers.read_movielens(
             config.data_dir, config.dataset, config.download_if_missing, config.url_base
         )
     data = preprocess(raw, config.min_num_ratings, config.ml_perf)

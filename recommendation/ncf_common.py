@@ -19,7 +19,7 @@ from official.utils import flags as flags_core
 from official.utils.flags import core
 from official.utils.flags.core import NON_NEGATIVE, POSITIVE, Check, FlagSpec, Rule
 from official.utils.logs.mlperf_helper import MlperfOptions
-from recommendation import constants, movielens
+from recommendation import constants, movielens, ratings_readers
 from recommendation.data_preprocessing import DataConfig
 from recommendation.neumf_model import EMBEDDING_INITS, ModelParams
 
@@ -246,7 +246,7 @@ DATA_FLAGS = (
     ),
 )
 
-# The file of --dataset generic, on `movielens.GenericSource` (built only with a file).
+# The file of --dataset generic, on `ratings_readers.GenericSource` (built only with a file).
 GENERIC_FLAGS = (
     FlagSpec(
         "ratings_file",
@@ -264,7 +264,7 @@ GENERIC_FLAGS = (
         "--dataset generic needs --ratings_file (a CSV or Parquet file)",
     ),
 )
-_GENERIC_DEFAULTS = movielens.GenericSource(path="")
+_GENERIC_DEFAULTS = ratings_readers.GenericSource(path="")
 
 
 def _in_unit_interval(value: float) -> bool:

@@ -24,7 +24,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from official.utils.misc import atomic
-from recommendation import export, movielens
+from recommendation import export, movie_titles
 from recommendation.movielens import DataError
 
 _USER_IDS_HINT = os.path.join("assets", export.USER_IDS_FILE)
@@ -178,7 +178,7 @@ def run(fv: flags.FlagValues) -> str:
     Raises:
         DataError: bad input (the message names it and the fix).
     """
-    titles = movielens.read_movie_titles(fv.movies) if fv.movies else None
+    titles = movie_titles.read_movie_titles(fv.movies) if fv.movies else None
     users = read_user_ids(fv.users_file) if fv.users_file else np.array([fv.user_id], np.int64)
     item_ids, scores = Recommender(fv.export_dir)(users, fv.k, fv.exclude_seen, fv.batch_size)
     if not fv.users_file:

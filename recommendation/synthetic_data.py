@@ -27,7 +27,8 @@ from absl import app, flags, logging
 from official.utils.misc import atomic
 from official.utils.misc.progress import ProgressBar
 from recommendation import constants
-from recommendation.movielens import DataError, RawRatings
+from recommendation.movielens import DataError
+from recommendation.ratings_readers import RawRatings
 
 # Seconds of the first and last MovieLens-1M ratings: synthetic times fall in between.
 _FIRST_TIMESTAMP = 956_703_932

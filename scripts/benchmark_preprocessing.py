@@ -11,7 +11,7 @@ the work only (imports and interpreter start are excluded). The reference child 
 imports TensorFlow, so TensorFlow's import is charged to our methods only.
 
 Methods:
-  ours              `movielens.read_ratings_file` + `data_preprocessing.preprocess`.
+  ours              `ratings_readers.read_ratings_file` + `data_preprocessing.preprocess`.
   ours_ml_perf      the same with ``ml_perf=True`` (the reference's tie order), used to
                     check that both methods produce the same split.
   cache_build       `data_preprocessing.load_or_build` on an empty cache dir (builds it).
@@ -89,12 +89,12 @@ def _is_dat(path: str) -> bool:
 def run_ours(ratings: str, ml_perf: bool, progress: Progress) -> dict:
     """Times our reader and `preprocess`; returns timings and the split to compare."""
     # Imported here, not at the top, so the reference's process never loads TensorFlow.
-    from recommendation import data_preprocessing, movielens
+    from recommendation import data_preprocessing, movielens, ratings_readers
 
     file_format = movielens.DAT_FORMAT if _is_dat(ratings) else movielens.CSV_FORMAT
     progress.event(event="start", time=time.time())
     start = time.perf_counter()
-    raw = movielens.read_ratings_file(ratings, file_format)
+    raw = ratings_readers.read_ratings_file(ratings, file_format)
     read_done = time.perf_counter()
     progress.event(event="read", read_s=read_done - start)
     data = data_preprocessing.preprocess(raw, ml_perf=ml_perf)

@@ -24,7 +24,7 @@ import redis
 import tensorflow as tf
 from absl import app, flags, logging
 
-from recommendation import movielens
+from recommendation import movielens, ratings_readers
 
 _FORMATS = {
     "dat": movielens.DAT_FORMAT,
@@ -47,7 +47,7 @@ def file_format_for(path: str, name: str) -> movielens.FileFormat:
 
 def load_events(path: str, file_format: movielens.FileFormat) -> np.ndarray:
     """`(n, 3)` int64 (user, item, timestamp) rows in timestamp order (stable)."""
-    ratings = movielens.read_ratings_file(path, file_format)
+    ratings = ratings_readers.read_ratings_file(path, file_format)
     if ratings.timestamps is None:
         raise movielens.DataError(f"{path} has no timestamps to replay in order")
     order = np.argsort(ratings.timestamps, kind="stable")

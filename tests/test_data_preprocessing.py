@@ -17,9 +17,10 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_ROWS, write_movielens
 
-from recommendation import data_preprocessing, movielens, synthetic_data
+from recommendation import data_preprocessing, movielens, ratings_readers, synthetic_data
 from recommendation.data_preprocessing import DataConfig
-from recommendation.movielens import DataError, RawRatings
+from recommendation.movielens import DataError
+from recommendation.ratings_readers import RawRatings
 
 
 def _raw(rows) -> RawRatings:
@@ -129,7 +130,7 @@ def test_repeated_pair_rows_by_hand():
 
 
 def test_ncf_split_is_used_as_given():
-    split = movielens.NcfSplitFiles(
+    split = ratings_readers.NcfSplitFiles(
         train_users=np.array([1, 0, 0]),
         train_items=np.array([3, 1, 2]),
         test_users=np.array([0, 1]),
@@ -145,7 +146,7 @@ def test_ncf_split_is_used_as_given():
 
 
 def test_ncf_split_rejects_items_outside_training_range():
-    split = movielens.NcfSplitFiles(
+    split = ratings_readers.NcfSplitFiles(
         np.array([0, 1]),
         np.array([0, 1]),
         np.array([0, 1]),
@@ -158,7 +159,7 @@ def test_ncf_split_rejects_items_outside_training_range():
 
 
 def test_ncf_split_drops_test_pairs_and_repeats_from_training(caplog):
-    split = movielens.NcfSplitFiles(
+    split = ratings_readers.NcfSplitFiles(
         train_users=np.array([0, 0, 0, 1, 0, 1, 1]),
         train_items=np.array([0, 2, 1, 1, 2, 0, 1]),
         test_users=np.array([0, 1]),
@@ -212,7 +213,7 @@ def _write_source(kind: str, root) -> DataConfig:
             frame.to_csv(path, index=False)
         else:
             frame.to_parquet(path)
-        source = movielens.GenericSource(str(path))
+        source = ratings_readers.GenericSource(str(path))
         return DataConfig(dataset="generic", data_dir=str(root), min_num_ratings=3, generic=source)
     if kind == "synthetic":
         spec = synthetic_data.SyntheticSpec(num_users=50, num_items=60, num_ratings=1500)

@@ -1,87 +1,29 @@
-"""Raw data: readers for every published format, generic files, and bad input."""
+"""The dataset registry, and getting the files: --download_if_missing against a local
+HTTP server and file:// URLs, release archives already in DATA_DIR.
+
+GroupLens publishes ``<archive>.md5`` beside each archive; the tests serve the same
+layout from a temporary folder, including broken archives and checksums. Downloads and
+unpacking run through `ratings_readers.read_movielens`, which gets a missing file
+before reading it.
+"""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+import hashlib
+import http.server
+import io
+import logging
+import os
+import socket
+import threading
+import zipfile
+
 import pytest
-from conftest import TINY_ROWS, write_movielens, write_movies
+import tensorflow as tf
+from conftest import TINY_ROWS
 
-from recommendation import movielens
+from recommendation import movielens, ratings_readers
 from recommendation.movielens import DataError
-
-
-@pytest.mark.parametrize(
-    "kind,file_format",
-    [
-        ("dat", movielens.DAT_FORMAT),
-        ("u.data", movielens.U_DATA_FORMAT),
-        ("csv", movielens.CSV_FORMAT),
-    ],
-)
-def test_reads_every_published_format(tmp_path, kind, file_format):
-    path = write_movielens(str(tmp_path / "ratings"), TINY_ROWS, kind)
-    raw = movielens.read_ratings_file(path, file_format)
-    users, items, times = zip(*TINY_ROWS, strict=True)
-    np.testing.assert_array_equal(raw.users, users)
-    np.testing.assert_array_equal(raw.items, items)  # 70000 > 65535 survives
-    np.testing.assert_array_equal(raw.timestamps, times)
-    assert raw.users.dtype.kind == "i" and raw.sources == (path,)
-
-
-def test_reads_ids_past_32_bits(tmp_path):
-    rows = [(1, 3_000_000_000, 5), (5_000_000_000, 2, 6)]
-    path = write_movielens(str(tmp_path / "ratings"), rows, "csv")
-    raw = movielens.read_ratings_file(path, movielens.CSV_FORMAT)
-    np.testing.assert_array_equal(raw.users, [1, 5_000_000_000])
-    np.testing.assert_array_equal(raw.items, [3_000_000_000, 2])
-
-
-def test_reads_crlf_csv_as_published_for_ml_latest_small(tmp_path):
-    path = tmp_path / "ratings.csv"
-    path.write_bytes(b"userId,movieId,rating,timestamp\r\n1,31,2.5,1260759144\r\n1,1029,3.0,5\r\n")
-    raw = movielens.read_ratings_file(str(path), movielens.CSV_FORMAT)
-    np.testing.assert_array_equal(raw.items, [31, 1029])
-    np.testing.assert_array_equal(raw.timestamps, [1260759144, 5])
-
-
-def test_read_movielens_uses_the_registry_layout(tiny_ml1m):
-    raw = movielens.read_movielens(tiny_ml1m, "ml-1m")
-    assert len(raw) == len(TINY_ROWS)
-
-
-def test_missing_file_names_path_and_fix(tmp_path):
-    with pytest.raises(DataError, match=r"ml-1m/ratings\.dat not found.*--download_if_missing"):
-        movielens.read_movielens(str(tmp_path), "ml-1m")
-
-
-def test_empty_file(tmp_path):
-    path = tmp_path / "ratings.dat"
-    path.write_text("")
-    with pytest.raises(DataError, match="is empty"):
-        movielens.read_ratings_file(str(path), movielens.DAT_FORMAT)
-
-
-def test_header_only_csv_has_no_ratings(tmp_path):
-    path = tmp_path / "ratings.csv"
-    path.write_text("userId,movieId,rating,timestamp\n")
-    with pytest.raises(DataError, match="holds no ratings"):
-        movielens.read_ratings_file(str(path), movielens.CSV_FORMAT)
-
-
-@pytest.mark.parametrize(
-    "bad_line,message",
-    [
-        ("3::4::5", r"ratings\.dat:3: expected 4 fields, found 3"),
-        ("3::x4::5::6", r"ratings\.dat:3: item id 'x4' is not an integer"),
-        ("3::4::5::1.5e9", r"ratings\.dat:3: timestamp '1.5e9' is not an integer"),
-    ],
-)
-def test_malformed_line_is_named_with_file_and_line(tmp_path, bad_line, message):
-    path = tmp_path / "ratings.dat"
-    path.write_text(f"1::2::3::4\n1::3::3::5\n{bad_line}\n4::4::4::4\n")
-    with pytest.raises(DataError, match=message):
-        movielens.read_ratings_file(str(path), movielens.DAT_FORMAT)
 
 
 def test_unknown_dataset_lists_choices():
@@ -89,136 +31,242 @@ def test_unknown_dataset_lists_choices():
         movielens.dataset_info("ml-2m")
 
 
-def _write_ncf_split(folder, negatives_per_user=3):
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "ml-1m.train.rating").write_text("0\t0\t5\t10\n0\t1\t4\t11\n1\t2\t3\t12\n")
-    (folder / "ml-1m.test.rating").write_text("0\t2\t5\t20\n1\t0\t4\t21\n")
-    negatives = {0: [1, 1, 2][:negatives_per_user], 1: [1, 2, 2][:negatives_per_user]}
-    (folder / "ml-1m.test.negative").write_text(
-        "".join(
-            f"({user},{item})\t" + "\t".join(map(str, negatives[user])) + "\n"
-            for user, item in ((0, 2), (1, 0))
-        )
+def _zip_bytes(folder: str, files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, contents in files.items():
+            archive.writestr(f"{folder}/{name}", contents)
+    return buffer.getvalue()
+
+
+RATINGS = "".join(f"{u}::{i}::4::{t}\n" for u, i, t in TINY_ROWS).encode()
+ARCHIVE = _zip_bytes("ml-1m", {"ratings.dat": RATINGS, "movies.dat": b"1::Toy Story::x\n"})
+
+
+def _publish(site, archive_bytes: bytes, md5: str | None = None) -> None:
+    (site / "ml-1m.zip").write_bytes(archive_bytes)
+    digest = md5 or hashlib.md5(archive_bytes).hexdigest()
+    (site / "ml-1m.zip.md5").write_text(f"MD5 (ml-1m.zip) = {digest}\n")
+
+
+class _TruncatingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files, but cuts ``.zip`` bodies off halfway as a dropped connection would."""
+
+    def log_message(self, *args):
+        pass
+
+    def copyfile(self, source, outputfile):
+        data = source.read()
+        if self.path.endswith(".zip"):
+            data = data[: len(data) // 2]
+        outputfile.write(data)
+
+
+@pytest.fixture
+def site(tmp_path):
+    folder = tmp_path / "site"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def http_url(site):
+    """Serves `site` on a free loopback port; yields its base URL."""
+    return _serve(site, http.server.SimpleHTTPRequestHandler)
+
+
+@pytest.fixture
+def truncating_url(site):
+    return _serve(site, _TruncatingHandler)
+
+
+_servers = []
+
+
+def _serve(folder, handler_class):
+    class Handler(handler_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _servers.append(server)
+    return f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+@pytest.fixture(autouse=True)
+def _stop_servers():
+    yield
+    while _servers:
+        server = _servers.pop()
+        server.shutdown()
+        server.server_close()
+
+
+def _leftovers(data_dir) -> list[str]:
+    found = []
+    for root, dirs, files in os.walk(data_dir):
+        found += [os.path.relpath(os.path.join(root, name), data_dir) for name in dirs + files]
+    return sorted(found)
+
+
+def test_downloads_verifies_and_unpacks_over_http(site, http_url, tmp_path):
+    _publish(site, ARCHIVE)
+    data_dir = tmp_path / "data"
+    raw = ratings_readers.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert len(raw) == len(TINY_ROWS)
+    assert _leftovers(data_dir) == ["ml-1m", "ml-1m/movies.dat", "ml-1m/ratings.dat"]
+
+
+def test_downloads_from_file_url(site, tmp_path):
+    _publish(site, ARCHIVE)
+    raw = ratings_readers.read_movielens(str(tmp_path / "data"), "ml-1m", True, site.as_uri())
+    assert len(raw) == len(TINY_ROWS)
+
+
+def test_checksum_mismatch_leaves_nothing(site, http_url, tmp_path):
+    _publish(site, ARCHIVE, md5="0" * 32)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match=r"checksum mismatch for http://.*ml-1m\.zip: GroupLens"):
+        ratings_readers.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert _leftovers(data_dir) == []
+
+
+def test_corrupt_archive_with_matching_checksum_leaves_nothing(site, http_url, tmp_path):
+    corrupt = bytearray(ARCHIVE)
+    corrupt[40:60] = b"\xff" * 20  # damage the first member's data
+    _publish(site, bytes(corrupt))
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match="is a corrupt archive"):
+        ratings_readers.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert _leftovers(data_dir) == []
+
+
+def test_archive_without_ratings_file(site, http_url, tmp_path):
+    _publish(site, _zip_bytes("ml-1m", {"movies.dat": b"x"}))
+    with pytest.raises(DataError, match=r"has no ml-1m/ratings\.dat; it is not the ml-1m archive"):
+        ratings_readers.read_movielens(str(tmp_path / "data"), "ml-1m", True, http_url)
+
+
+def test_interrupted_download_leaves_nothing_that_looks_complete(site, truncating_url, tmp_path):
+    _publish(site, ARCHIVE)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match="could not download|checksum mismatch"):
+        ratings_readers.read_movielens(str(data_dir), "ml-1m", True, truncating_url)
+    assert _leftovers(data_dir) == []
+
+
+def _unreachable_url() -> str:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/"
+
+
+def test_offline_names_url_reason_and_what_to_do(tmp_path):
+    url = _unreachable_url()
+    with pytest.raises(DataError) as error:
+        ratings_readers.read_movielens(str(tmp_path / "data"), "ml-1m", True, url)
+    message = str(error.value)
+    assert f"could not download {url}ml-1m.zip.md5" in message
+    assert "Connection refused" in message
+    assert "put ml-1m/ratings.dat (from ml-1m.zip) into DATA_DIR, or use --dataset synthetic" in (
+        message
+    )
+    assert "\n" not in message
+
+
+def test_unwritable_data_dir_names_it_and_the_fix(tmp_path, http_url, site):
+    _publish(site, ARCHIVE)
+    (tmp_path / "file").write_text("")
+    data_dir = tmp_path / "file" / "data"  # as root too, nothing can be made below a file
+    with pytest.raises(DataError) as error:
+        ratings_readers.read_movielens(str(data_dir), "ml-1m", True, http_url)
+    assert str(error.value) == (
+        f"cannot write the ml-1m files in {data_dir}: {tmp_path / 'file'} is not a directory; "
+        "pass --data_dir with a writable folder"
     )
 
 
-def test_reads_ncf_paper_split_as_given(tmp_path):
-    _write_ncf_split(tmp_path / "ncf")
-    split = movielens.read_ncf_split(str(tmp_path), "ncf-ml-1m")
-    np.testing.assert_array_equal(split.train_items, [0, 1, 2])
-    np.testing.assert_array_equal(split.test_items, [2, 0])
-    np.testing.assert_array_equal(split.test_negatives, [[1, 1, 2], [1, 2, 2]])
+# ---------------------------------------------------------------------------
+# A release archive already in DATA_DIR
 
 
-def test_ncf_negatives_must_match_test_file(tmp_path):
-    _write_ncf_split(tmp_path / "ncf")
-    path = tmp_path / "ncf" / "ml-1m.test.negative"
-    path.write_text(path.read_text().replace("(1,0)", "(1,1)"))
-    with pytest.raises(DataError, match="does not list the same"):
-        movielens.read_ncf_split(str(tmp_path), "ncf-ml-1m")
-
-
-def test_ncf_negatives_malformed_line(tmp_path):
-    _write_ncf_split(tmp_path / "ncf")
-    path = tmp_path / "ncf" / "ml-1m.test.negative"
-    path.write_text(path.read_text() + "(2,1)\t5\n")
-    with pytest.raises(DataError, match=r"ml-1m\.test\.negative:3: expected '\(user,item\)'"):
-        movielens.read_ncf_split(str(tmp_path), "ncf-ml-1m")
-
-
-def test_generic_csv_with_named_columns(tmp_path):
-    path = tmp_path / "clicks.tsv"
-    path.write_text("who\twhat\twhen\textra\n7\t900000\t3\tx\n7\t5\t1\ty\n")
-    source = movielens.GenericSource(str(path), "who", "what", "when", separator="\t")
-    raw = movielens.read_generic(source)
-    np.testing.assert_array_equal(raw.items, [900000, 5])
-    np.testing.assert_array_equal(raw.timestamps, [3, 1])
-
-
-def test_generic_parquet_without_timestamps(tmp_path):
-    path = tmp_path / "events.parquet"
-    pd.DataFrame({"u": [1, 2, 1], "i": [3, 4, 5]}).to_parquet(path)
-    raw = movielens.read_generic(movielens.GenericSource(str(path), "u", "i", ""))
-    np.testing.assert_array_equal(raw.users, [1, 2, 1])
-    assert raw.timestamps is None
-
-
-def test_generic_missing_column_names_the_fix(tmp_path):
-    path = tmp_path / "events.csv"
-    path.write_text("user,item\n1,2\n")
-    message = r"no column 'user_id' \(columns: user, item\).*--user_column"
-    with pytest.raises(DataError, match=message):
-        movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
-
-
-def test_generic_string_ids_are_rejected(tmp_path):
-    path = tmp_path / "events.csv"
-    path.write_text("user_id,item_id\n1,2\nbob,3\n")
-    with pytest.raises(DataError, match="column 'user_id' holds 'bob', which is not an integer"):
-        movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
-
-
-def test_generic_parquet_ids_stored_as_decimal_strings_are_integers(tmp_path):
-    path = tmp_path / "events.parquet"
-    frame = pd.DataFrame(
-        {
-            "user_id": pd.Categorical(["12", "7", "12"]),
-            "item_id": ["900000", " 5", "+3"],
-            "timestamp": ["-1", "2", "0030"],
-        }
+@pytest.mark.parametrize("download_if_missing", [True, False])
+@pytest.mark.parametrize("with_md5", [True, False])
+def test_local_archive_is_unpacked_without_the_network(
+    tmp_path, caplog, download_if_missing, with_md5
+):
+    # On absl's logger itself: tf.saved_model.save (earlier tests) leaves it at WARNING
+    # when absl's flags are unparsed, as in pytest.
+    caplog.set_level(logging.INFO, logger="absl")
+    _publish(tmp_path, ARCHIVE)
+    if not with_md5:
+        (tmp_path / "ml-1m.zip.md5").unlink()
+    raw = ratings_readers.read_movielens(
+        str(tmp_path), "ml-1m", download_if_missing, _unreachable_url()
     )
-    frame.to_parquet(path)
-    raw = movielens.read_generic(movielens.GenericSource(str(path)))
-    np.testing.assert_array_equal(raw.users, [12, 7, 12])
-    np.testing.assert_array_equal(raw.items, [900000, 5, 3])
-    np.testing.assert_array_equal(raw.timestamps, [-1, 2, 30])
+    assert len(raw) == len(TINY_ROWS)
+    assert f"Unpacking ml-1m from the local archive {tmp_path / 'ml-1m.zip'}" in caplog.text
+    archives = ["ml-1m.zip", "ml-1m.zip.md5"] if with_md5 else ["ml-1m.zip"]
+    unpacked = ["ml-1m", "ml-1m/movies.dat", "ml-1m/ratings.dat"]
+    assert _leftovers(tmp_path) == sorted(unpacked + archives)
+
+
+def test_local_archive_with_a_wrong_md5_unpacks_nothing(tmp_path):
+    _publish(tmp_path, ARCHIVE, md5="0" * 32)
+    path = tmp_path / "ml-1m.zip"
+    with pytest.raises(DataError) as error:
+        ratings_readers.read_movielens(str(tmp_path), "ml-1m", True, _unreachable_url())
+    assert str(error.value) == (
+        f"checksum mismatch for {path}: {path}.md5 says MD5 {'0' * 32}, the file has "
+        f"{hashlib.md5(ARCHIVE).hexdigest()}; it is corrupt or was changed, delete it and "
+        "download again"
+    )
+    assert _leftovers(tmp_path) == ["ml-1m.zip", "ml-1m.zip.md5"]
 
 
 @pytest.mark.parametrize(
-    "bad,message",
+    "archive,reason",
     [
-        ("1_000", "column 'item_id' holds '1_000', which is not an integer id"),
-        ("0x10", "column 'item_id' holds '0x10', which is not an integer id"),
-        ("\u0663", "column 'item_id' holds '\u0663', which is not an integer id"),  # Arabic 3
-        ("99999999999999999999", "column 'item_id': .*; ids must fit in 64 bits"),
+        # Stored (uncompressed) members: one changed byte of ratings.dat fails its CRC.
+        (ARCHIVE.replace(b"10::500::4::100", b"10::500::4::101"), r"member ml-1m/ratings\.dat"),
+        (ARCHIVE[: len(ARCHIVE) // 2], "File is not a zip file"),
     ],
+    ids=["bad-crc", "truncated"],
 )
-def test_generic_parquet_string_ids_that_are_not_integers(tmp_path, bad, message):
-    path = tmp_path / "events.parquet"
-    pd.DataFrame({"user_id": ["1", "2"], "item_id": ["4", bad]}).to_parquet(path)
+def test_corrupt_local_archive_is_named_and_nothing_is_unpacked(tmp_path, archive, reason):
+    (tmp_path / "ml-1m.zip").write_bytes(archive)
+    message = rf"^{tmp_path / 'ml-1m.zip'} is a corrupt archive \({reason}.*\); delete it and "
     with pytest.raises(DataError, match=message):
-        movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
+        ratings_readers.read_movielens(str(tmp_path), "ml-1m", True, _unreachable_url())
+    assert _leftovers(tmp_path) == ["ml-1m.zip"]
 
 
-def test_generic_parquet_of_another_type_names_it(tmp_path):
-    path = tmp_path / "events.parquet"
-    pd.DataFrame({"user_id": [1, 2], "item_id": [True, False]}).to_parquet(path)
-    with pytest.raises(DataError, match="column 'item_id' holds bool values, not integers"):
-        movielens.read_generic(movielens.GenericSource(str(path), timestamp_column=""))
+def test_local_archive_of_another_release(tmp_path):
+    (tmp_path / "ml-1m.zip").write_bytes(_zip_bytes("ml-100k", {"u.data": b"1\t2\t3\t4\n"}))
+    with pytest.raises(DataError, match=r"ml-1m\.zip has no ml-1m/ratings\.dat; it is not"):
+        ratings_readers.read_movielens(str(tmp_path), "ml-1m", False)
+    assert _leftovers(tmp_path) == ["ml-1m.zip"]
 
 
-TITLES = {1: "Toy Story (1995)", 29: "City of Lost Children, The (Cité des enfants, La) (1995)"}
+def test_full_disk_while_unpacking_leaves_only_the_archive(tmp_path, monkeypatch):
+    (tmp_path / "ml-1m.zip").write_bytes(ARCHIVE)
 
+    class FullDiskGFile(tf.io.gfile.GFile):  # a real full disk needs root to set up
+        def write(self, data):
+            super().write(data[:16])
+            self.flush()
+            raise tf.errors.ResourceExhaustedError(None, None, "x; No space left on device")
 
-@pytest.mark.parametrize("kind", ["movies.dat", "movies.csv", "u.item"])
-def test_reads_movie_titles_of_every_release(tmp_path, kind):
-    path = write_movies(str(tmp_path / kind), TITLES, kind)
-    assert movielens.read_movie_titles(path) == TITLES
-
-
-@pytest.mark.parametrize(
-    "name,contents,message",
-    [
-        ("movies.dat", b"1::Toy Story (1995)::Animation\n2::Jumanji\n", "movies.dat:2: expected"),
-        ("movies.dat", b"1::1193::5::978300760\n", "is it a movies file"),  # ratings.dat
-        ("movies.csv", b"userId,movieId,rating\n1,2,3\n", "movies.csv:1: expected the header"),
-        ("movies.csv", b"movieId,title,genres\n1,\xe9,Drama\n", "is not utf-8"),
-        ("u.data", b"1\t2\t3\t4\n", "is not a MovieLens movies file"),
-        ("movies.dat", b"", "is empty"),
-    ],
-)
-def test_bad_movies_files_are_named_with_the_fix(tmp_path, name, contents, message):
-    path = tmp_path / name
-    path.write_bytes(contents)
-    with pytest.raises(DataError, match=message):
-        movielens.read_movie_titles(str(path))
+    monkeypatch.setattr(tf.io.gfile, "GFile", FullDiskGFile)
+    with pytest.raises(DataError) as error:
+        ratings_readers.read_movielens(str(tmp_path), "ml-1m", False)
+    assert str(error.value) == (
+        f"cannot write the ml-1m files in {tmp_path}: no space left on the device; free space "
+        "there or pass --data_dir with a folder on a disk with room"
+    )
+    assert _leftovers(tmp_path) == ["ml-1m.zip"]

@@ -9,7 +9,7 @@ from absl import flags
 
 from official.utils.flags import core, mlperf
 from official.utils.logs.mlperf_helper import MlperfOptions
-from recommendation import movielens, ncf_common
+from recommendation import movielens, ncf_common, ratings_readers
 from recommendation.ncf_common import NcfConfig
 
 
@@ -192,7 +192,7 @@ def test_every_flag_changes_the_run_it_describes():
 # Each table of ncf-main's flags and the config instance holding its defaults.
 _TABLES = [
     ((*ncf_common.DATA_FLAGS, *ncf_common.NCF_FLAGS), NcfConfig()),
-    (ncf_common.GENERIC_FLAGS, movielens.GenericSource(path="")),
+    (ncf_common.GENERIC_FLAGS, ratings_readers.GenericSource(path="")),
     (mlperf.MLPERF_FLAGS, MlperfOptions(log_file="")),
 ]
 # Flags that set no field: absl's own, the Model Garden's alias, the switch of the

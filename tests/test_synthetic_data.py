@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recommendation import movielens, synthetic_data
+from recommendation import movielens, ratings_readers, synthetic_data
 from recommendation.movielens import DataError
 from recommendation.synthetic_data import SyntheticSpec
 
@@ -71,7 +71,7 @@ def test_csv_round_trip_in_ml20m_format(tmp_path):
     synthetic_data.write_ratings_csv(ratings, path)
     with open(path) as text:
         assert text.readline() == "userId,movieId,rating,timestamp\n"
-    back = movielens.read_ratings_file(path, movielens.CSV_FORMAT)
+    back = ratings_readers.read_ratings_file(path, movielens.CSV_FORMAT)
     np.testing.assert_array_equal(back.items, ratings.items)
     np.testing.assert_array_equal(back.timestamps, ratings.timestamps)
 
