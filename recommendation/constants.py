@@ -1,8 +1,10 @@
-"""Constants shared by the NCF stages: defaults, column names and cache keys.
+"""Constants shared by the NCF stages: protocol defaults, default places, the cache
+format version, id dtypes, feature keys and the MLPerf benchmark name.
 
-These are defaults, not switches: every value a test or a user may want to change is
-also a flag or a function argument, so nothing here ever needs to be monkey-patched.
-The names and defaults of the producer/trainer file protocol are in `run_folder`.
+The defaults are only defaults: each is the default of a config field (set by a flag or
+an argument), so nothing here needs to be monkey-patched. The producer/trainer file
+protocol (run-folder layout, file names) is `run_folder`'s; NCF's MLPerf v0.5 tag set
+is `mlperf_tags`.
 """
 
 # Users with fewer ratings than this are dropped (the NCF and MLPerf protocol).
@@ -18,10 +20,9 @@ CACHE_INVALIDATION_SEC = 3600 * 24
 # rebuilt. 2: repeated (user, item) pairs keep only their latest occurrence.
 CACHE_FORMAT_VERSION = 2
 
-# Column names of the in-memory raw ratings table.
+# Feature keys of the user and item ids (model inputs, the export's argument names).
 USER_COLUMN = "user_id"
 ITEM_COLUMN = "item_id"
-TIMESTAMP_COLUMN = "timestamp"
 
 # Dense indexes fit in int32 for every MovieLens release (ml-32m: 200,948 users,
 # 87,585 items); the reference's uint16 items broke on ids above 65,535.

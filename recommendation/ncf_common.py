@@ -3,10 +3,12 @@
 Each default is written once, in the config dataclasses (`NcfConfig` and the configs it
 holds); the tables here (`DATA_FLAGS`, `GENERIC_FLAGS`, `NCF_FLAGS`) describe each flag
 once and name the field it sets, and both the absl flags and the configs are generated
-from them (`official.utils.flags.core`). Only entry points (`create_ncf_data`,
-``ncf_main``, ``export``, ``online_main``) parse flags; they call the builders here and
-pass the config inward, so library code never reads ``FLAGS``. Every ``define_*`` takes
-a `flag_values`, which lets tests parse command lines without the process-wide flags.
+from them (`official.utils.flags.core`). `SHARED_FLAGS` are the rows ncf-online takes
+into its own table (`online_main.ONLINE_FLAGS`), so a concept both programs have is one
+flag. Flags are read only in the entry points' ``main()``: `create_ncf_data`,
+``ncf_main`` and ``export`` call the builders here, ``online_main`` its own; the config
+goes inward, so library code never reads ``FLAGS``. Every ``define_*`` takes a
+`flag_values`, which lets tests parse command lines without the process-wide flags.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from recommendation.neumf_model import EMBEDDING_INITS, ModelParams
 
 @dataclasses.dataclass(frozen=True)
 class NcfConfig:
-    """One training run, built from flags by `ncf_common.ncf_config_from_flags`; its
-    defaults are the flags' defaults.
+    """One training run, built from flags by `ncf_config_from_flags`; it holds every
+    default, and the flags take theirs from it.
 
     Attributes:
         data: Which data, and how it is prepared.
@@ -175,7 +177,8 @@ SEED = FlagSpec(
 )
 SHARED_FLAGS = (NUM_FACTORS, LAYERS, NUM_NEG, LEARNING_RATE, TOP_K, SEED)
 
-# Flags that choose and prepare the dataset (every NCF entry point), on `NcfConfig`.
+# Flags that choose and prepare the dataset (ncf-create-data, ncf-main, export), on
+# `NcfConfig`.
 DATA_FLAGS = (
     FlagSpec(
         "dataset", "Dataset to train on.", field="data.dataset", choices=tuple(movielens.DATASETS)
@@ -425,7 +428,8 @@ _ALIASES = {"use_xla": "enable_xla"}
 
 
 def define_data_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Flags that choose and prepare the dataset (used by every NCF entry point)."""
+    """Flags that choose and prepare the dataset (ncf-create-data; ncf-main and export
+    through `define_ncf_flags`)."""
     core.define_flags(DATA_FLAGS, NcfConfig(), flag_values)
     core.define_flags(GENERIC_FLAGS, _GENERIC_DEFAULTS, flag_values)
 

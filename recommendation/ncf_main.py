@@ -57,10 +57,11 @@ def _eval_users_per_batch(config: NcfConfig, block: int, replicas: int, num_user
     return -(-users // replicas) * replicas
 
 
-class _EpochProgress:
-    """Follows one `Runner.train` call through its epochs, fed with the runner's
-    cumulative step counts: a progress bar per epoch (if `show`) and MLPerf
-    ``epoch_start``/``epoch_stop`` at epoch boundaries (as seen after each call)."""
+class _EpochProgressAndEvents:
+    """What a user and the MLPerf log see of one `Runner.train` call's epochs: a
+    progress bar per epoch (if `show`) and the MLPerf ``epoch_start``/``epoch_stop``
+    events. Both follow the epoch boundaries in the runner's cumulative step counts (as
+    seen after each call), so one object tracks them for both."""
 
     def __init__(
         self,
@@ -265,13 +266,13 @@ def _train_and_evaluate(
             # The first cycle cannot overlap training; later waits are pipeline stalls.
             key = "first_wait_seconds" if index == 0 else "wait_seconds"
             summary[key] += time.perf_counter() - waited
-            progress = _EpochProgress(
+            epoch_reports = _EpochProgressAndEvents(
                 epoch, epochs, info.batches_per_epoch, runner.is_chief, mlperf
             )
             train = runner.train(
-                lambda i=info: data_pipeline.train_input_fn(i), info.num_batches, progress
+                lambda i=info: data_pipeline.train_input_fn(i), info.num_batches, epoch_reports
             )
-            progress.close()
+            epoch_reports.close()
             producer.release(index)
             epoch += epochs
             runner.completed_epochs.assign(epoch)
@@ -422,15 +423,15 @@ def _report(
 def _run_synthetic(config: NcfConfig, data: PreprocessedData, runner: Runner, start: float) -> dict:
     """Pure throughput: random in-memory batches, the real model and step, no eval."""
     steps = _batches_per_epoch(config, data)
-    progress = _EpochProgress(0, config.train_epochs, steps, runner.is_chief)
+    epoch_reports = _EpochProgressAndEvents(0, config.train_epochs, steps, runner.is_chief)
     result = runner.train(
         lambda: data_pipeline.synthetic_train_input_fn(
             config.batch_size, data.num_users, data.num_items, config.seed or 0
         ),
         steps * config.train_epochs,
-        progress,
+        epoch_reports,
     )
-    progress.close()
+    epoch_reports.close()
     return {
         "epochs": config.train_epochs,
         "train_points": result["num_points"],
