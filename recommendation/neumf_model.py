@@ -493,6 +493,7 @@ def _train_spec(features, labels, params: ModelParams, state: ModelState) -> Mod
         loss=loss,
         train_op=train_op,
         metrics={"loss_sum": loss_sum, "num_points": num_valid},
+        summarize=summarize_train,
     )
 
 
@@ -511,4 +512,25 @@ def _eval_spec(features, params: ModelParams, state: ModelState) -> ModelSpec:
             "ndcg": tf.reduce_sum(ndcg * weight),
             "num_users": tf.reduce_sum(weight),
         },
+        summarize=summarize_eval,
     )
+
+
+def summarize_train(totals: dict[str, float]) -> dict[str, float]:
+    """The TRAIN metrics from the sums over every replica and step: ``loss`` (mean
+    cross-entropy per valid point, without L2) and ``num_points``."""
+    return {
+        "loss": totals["loss_sum"] / max(totals["num_points"], 1.0),
+        "num_points": totals["num_points"],
+    }
+
+
+def summarize_eval(totals: dict[str, float]) -> dict[str, float]:
+    """The EVAL metrics from the sums over every replica and step: ``hr`` and ``ndcg``
+    (means over real users, padding excluded) and ``num_users``."""
+    users = max(totals["num_users"], 1.0)
+    return {
+        "hr": totals["hits"] / users,
+        "ndcg": totals["ndcg"] / users,
+        "num_users": totals["num_users"],
+    }

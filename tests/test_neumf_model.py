@@ -202,6 +202,34 @@ def test_eval_spec_counts_duplicates_once_and_skips_padding_users():
     )
 
 
+def test_the_train_summary_is_the_mean_loss_of_the_valid_points():
+    params = _params(mlp_regularization=(0.0, 0.0, 0.0))
+    state = neumf_model.build_state(params)
+    features = _features([1, 2, 3, 4], [1, 2, 3, 4], [True, True, True, False])
+    spec = neumf_model.model_fn(
+        features, tf.constant([1.0, 0.0, 1.0, 1.0]), Mode.TRAIN, params, state
+    )
+    summary = spec.summarize({key: float(value) for key, value in spec.metrics.items()})
+    assert summary == {"loss": pytest.approx(float(spec.loss), rel=1e-6), "num_points": 3.0}
+    assert spec.summarize({"loss_sum": 0.0, "num_points": 0.0}) == {"loss": 0.0, "num_points": 0.0}
+
+
+@pytest.mark.parametrize(
+    "totals,summary",
+    [
+        ({"hits": 3.0, "ndcg": 1.5, "num_users": 4.0}, {"hr": 0.75, "ndcg": 0.375}),
+        ({"hits": 0.0, "ndcg": 0.0, "num_users": 0.0}, {"hr": 0.0, "ndcg": 0.0}),  # no users
+    ],
+)
+def test_the_eval_summary_is_hr_and_ndcg_per_real_user(totals, summary):
+    params = _params(num_items=8, eval_block_size=4)
+    features = _features([0] * 4, [0, 1, 2, 3], [True] * 4)
+    features[constants.DUPLICATE_MASK] = tf.zeros([4], tf.bool)
+    state = ModelState(neumf_model.build_model(params))
+    spec = neumf_model.model_fn(features, None, Mode.EVAL, params, state)
+    assert spec.summarize(totals) == {**summary, "num_users": totals["num_users"]}
+
+
 def test_predict_gives_probabilities():
     params = _params()
     state = ModelState(neumf_model.build_model(params))

@@ -69,6 +69,24 @@ def test_progress_is_reported_per_call(tmp_path):
     assert seen == [4, 8, 10]
 
 
+def test_the_reported_metrics_are_the_model_fns_summary_of_the_totals(tmp_path):
+    def model_fn(features, labels, mode, params, state):
+        spec = neumf_model.model_fn(features, labels, mode, params, state)
+        return dataclasses.replace(spec, summarize=lambda totals: {"totals": dict(totals)})
+
+    runner = _runner(str(tmp_path), steps_per_call=4, model_fn=model_fn)
+    train = runner.train(_input_fn, 10)
+    assert set(train) == {"totals", "seconds"}  # the runner adds only its own timing
+    # Summed over every step (calls of 4, 4 and 2): 10 batches of 32 points.
+    assert set(train["totals"]) == {"loss_sum", "num_points"}
+    assert train["totals"]["num_points"] == 320.0
+    evaluation = runner.evaluate(_eval_input_fn, 9)
+    assert set(evaluation) == {"totals", "seconds"}
+    # Summed over every step: 9 batches of 2 valid users each.
+    assert set(evaluation["totals"]) == {"hits", "ndcg", "num_users"}
+    assert evaluation["totals"]["num_users"] == 18.0
+
+
 def test_one_cpu_replica_reads_the_plain_dataset(tmp_path):
     # tf.distribute's multi-device iterator took up to a minute to delete after each
     # cycle (its autotuning thread is not woken); one CPU replica does not need it.

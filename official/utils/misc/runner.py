@@ -87,15 +87,20 @@ class ModelSpec:
         mode: The mode it was built for.
         loss: TRAIN: this replica's share of the global mean loss (plus L2).
         train_op: TRAIN: the optimiser's update (already applied when eager).
-        metrics: Sums to add up across replicas and batches: TRAIN ``loss_sum`` and
-            ``num_points``; EVAL ``hits``, ``ndcg`` and ``num_users``.
-        predictions: PREDICT: ``logits`` and ``scores`` (probabilities).
+        metrics: TRAIN, EVAL: this replica's sums over its batch, which the runner adds
+            up across replicas and steps.
+        summarize: TRAIN, EVAL: turns those totals into the metrics `Runner.train` and
+            `Runner.evaluate` report (means, rates), the part of the contract that
+            ``eval_metric_ops`` held: the runner knows no metric by name. A pure Python
+            function of floats; the default reports the totals as they are.
+        predictions: PREDICT: what the model serves.
     """
 
     mode: Mode
     loss: tf.Tensor | None = None
     train_op: object = None
     metrics: dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    summarize: Callable[[dict[str, float]], dict[str, float]] = dict
     predictions: dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
 
 
@@ -154,6 +159,8 @@ class Runner:
         )
         self._train_call = None
         self._eval_call = None
+        # Each mode's `ModelSpec.summarize`, taken from the spec when the step is traced.
+        self._summarize: dict[Mode, Callable[[dict[str, float]], dict[str, float]]] = {}
 
     @property
     def global_step(self) -> int:
@@ -295,6 +302,9 @@ class Runner:
         def step(batch):
             features, labels = batch if mode == Mode.TRAIN else (batch, None)
             spec = self.model_fn(features, labels, mode, self.params, self.state)
+            # Python runs this while tracing (eagerly: at every step), so the spec's
+            # reduction of the totals is known by the time the first call returns.
+            self._summarize[mode] = spec.summarize
             return spec.metrics
 
         return tf.function(step, jit_compile=self.jit_compile) if self.jit_compile else step
@@ -329,41 +339,23 @@ class Runner:
             steps: Steps (global batches) to run.
             on_progress: Called after each call with (steps done, metric sums so far).
         Returns:
-            ``loss`` (mean cross-entropy per valid point), ``num_points``, ``seconds``.
+            The TRAIN spec's summary of the metric sums (`ModelSpec.summarize`), and
+            ``seconds``.
         """
         if self._train_call is None:
             self._train_call = self._make_call(Mode.TRAIN)
-        return self._run(
-            self._train_call,
-            input_fn,
-            steps,
-            self.steps_per_call,
-            on_progress,
-            finish=lambda s: {
-                "loss": s["loss_sum"] / max(s["num_points"], 1.0),
-                "num_points": s["num_points"],
-            },
-        )
+        return self._run(Mode.TRAIN, self._train_call, input_fn, steps, on_progress)
 
     def evaluate(self, input_fn: Callable[[], tf.data.Dataset], steps: int) -> dict[str, float]:
-        """Evaluates over `steps` batches; returns ``hr``, ``ndcg``, ``num_users``."""
+        """Evaluates over `steps` batches; returns the EVAL spec's summary of the metric
+        sums (`ModelSpec.summarize`), and ``seconds``."""
         if self._eval_call is None:
             self._eval_call = self._make_call(Mode.EVAL)
-        return self._run(
-            self._eval_call,
-            input_fn,
-            steps,
-            self.steps_per_call,
-            None,
-            finish=lambda s: {
-                "hr": s["hits"] / max(s["num_users"], 1.0),
-                "ndcg": s["ndcg"] / max(s["num_users"], 1.0),
-                "num_users": s["num_users"],
-            },
-        )
+        return self._run(Mode.EVAL, self._eval_call, input_fn, steps, None)
 
-    def _run(self, call, input_fn, steps, per_call, on_progress, finish) -> dict[str, float]:
-        """`steps` steps in calls of `per_call`; a stop signal is raised between calls."""
+    def _run(self, mode: Mode, call, input_fn, steps, on_progress) -> dict[str, float]:
+        """`steps` steps in calls of `steps_per_call`; a stop signal is raised between
+        calls."""
         start = time.perf_counter()
         iterator = iter(self.distribute(input_fn))
         sums: dict[str, float] = {}
@@ -371,7 +363,7 @@ class Runner:
         try:
             while done < steps:
                 signals.check()
-                count = min(per_call, steps - done)
+                count = min(self.steps_per_call, steps - done)
                 result = call(iterator, tf.constant(count))
                 for key, value in result.items():
                     sums[key] = sums.get(key, 0.0) + float(value)
@@ -382,7 +374,7 @@ class Runner:
             # Ends the input pipeline's reader threads now, not whenever the frame
             # holding the iterator is freed (an exception's traceback keeps it).
             del iterator
-        metrics = finish(sums)
+        metrics = self._summarize.get(mode, dict)(sums)
         metrics["seconds"] = time.perf_counter() - start
         return metrics
 
