@@ -125,13 +125,20 @@ class GmfBlock(keras.layers.Layer):
 class NeuMF(keras.Model):
     """NeuMF scoring (user, item) pairs.
 
+    Each side's table is either made here (a ``keras.layers.Embedding`` of `num_users`
+    or `num_items` rows) or given (`user_embedding`, `item_embedding`): online training
+    gives hash embeddings, whose size is a capacity rather than a number of users.
+
     Args:
-        num_users, num_items: Table sizes.
+        num_users, num_items: Rows of the tables made here; None for a given table.
         mf_dim: GMF width.
         layers: MLP widths, ``layers[0]`` even.
-        mf_regularization: L2 on the embedding tables.
+        mf_regularization: L2 on the tables made here.
         mlp_regularization: L2 per MLP layer.
-        embedding_init: A name in `EMBEDDING_INITS`.
+        embedding_init: A name in `EMBEDDING_INITS`, for the tables made here.
+        user_embedding, item_embedding: Given tables: layers taking `(batch,)` ids to
+            `(batch, table_width(mf_dim, layers))` rows, with their own sizes,
+            initialisers and regularisers.
 
     Call args:
         inputs: dict with ``user_id`` and ``item_id``, each `(batch,)` int32.
@@ -141,13 +148,15 @@ class NeuMF(keras.Model):
 
     def __init__(
         self,
-        num_users: int,
-        num_items: int,
+        num_users: int | None = None,
+        num_items: int | None = None,
         mf_dim: int = ModelParams.mf_dim,
         layers: tuple[int, ...] = ModelParams.layers,
         mf_regularization: float = ModelParams.mf_regularization,
         mlp_regularization: tuple[float, ...] = ModelParams.mlp_regularization,
         embedding_init: str = ModelParams.embedding_init,
+        user_embedding: keras.layers.Layer | None = None,
+        item_embedding: keras.layers.Layer | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -156,10 +165,11 @@ class NeuMF(keras.Model):
         self.layer_sizes = tuple(int(width) for width in layers)
         self.mf_regularization = float(mf_regularization)
         self.mlp_regularization = tuple(float(value) for value in mlp_regularization)
-        width = mf_dim + self.layer_sizes[0] // 2
-        regularizer = keras.regularizers.L2(mf_regularization) if mf_regularization else None
-        self.user_embedding = self._embedding(num_users, width, regularizer, "embedding_user")
-        self.item_embedding = self._embedding(num_items, width, regularizer, "embedding_item")
+        width = self.table_width(mf_dim, self.layer_sizes)
+        # The tables first: the order of the trainable variables (and so of the
+        # optimiser's slots in a checkpoint) follows the order of assignment.
+        self.user_embedding = self._table("user", num_users, user_embedding, width)
+        self.item_embedding = self._table("item", num_items, item_embedding, width)
         self.gmf = GmfBlock(name="gmf")
         self.mlp = [
             keras.layers.Dense(
@@ -174,14 +184,29 @@ class NeuMF(keras.Model):
         ]
         self.logit = keras.layers.Dense(1, kernel_initializer="lecun_uniform", name="rating")
 
-    def _embedding(self, count: int, width: int, regularizer, name: str) -> keras.layers.Layer:
-        """One side's table (a hook: online training swaps in a hash embedding)."""
+    @staticmethod
+    def table_width(mf_dim: int, layers: tuple[int, ...]) -> int:
+        """Columns of a table row: the GMF part, then this side's half of the MLP input."""
+        return mf_dim + int(layers[0]) // 2
+
+    def _table(
+        self, side: str, count: int | None, given: keras.layers.Layer | None, width: int
+    ) -> keras.layers.Layer:
+        """The `given` table, or an Embedding of `count` rows made here."""
+        if (count is None) == (given is None):
+            raise ValueError(
+                f"give num_{side}s or {side}_embedding (exactly one), got {count} and {given}"
+            )
+        if given is not None:
+            return given
         return keras.layers.Embedding(
             count,
             width,
             embeddings_initializer=EMBEDDING_INITS[self.embedding_init](),
-            embeddings_regularizer=regularizer,
-            name=name,
+            embeddings_regularizer=keras.regularizers.L2(self.mf_regularization)
+            if self.mf_regularization
+            else None,
+            name=f"embedding_{side}",
         )
 
     def call(self, inputs):
@@ -212,9 +237,12 @@ class NeuMF(keras.Model):
         ``Dense([u; i]) = u W_u + i W_i + b``, and ``u W_u`` for a looked-up row is a row
         of ``E_user W_u``: multiplying the (users + items) table rows once costs less
         than multiplying 2 x batch looked-up halves when the batch is the larger. The
-        result and its gradients are the same function of the weights.
+        result and its gradients are the same function of the weights. Only with the
+        tables made here: a given one (a hash table, mostly empty rows) is never projected.
         """
-        return batch_size is not None and self.num_users + self.num_items < 2 * batch_size
+        if self.num_users is None or self.num_items is None or batch_size is None:
+            return False
+        return self.num_users + self.num_items < 2 * batch_size
 
     def _first_layer_from_tables(self, users, items):
         tables = [
@@ -283,7 +311,19 @@ class NeuMF(keras.Model):
             mlp_regularization=self.mlp_regularization,
             embedding_init=self.embedding_init,
         )
+        for key, count in (("user_embedding", self.num_users), ("item_embedding", self.num_items)):
+            if count is None:  # a given table: saved as its layer config
+                config[key] = keras.saving.serialize_keras_object(getattr(self, key))
         return config
+
+    @classmethod
+    def from_config(cls, config: dict) -> NeuMF:
+        tables = {
+            key: keras.saving.deserialize_keras_object(config[key])
+            for key in ("user_embedding", "item_embedding")
+            if key in config
+        }
+        return cls(**{**config, **tables})
 
 
 def build_model(params: ModelParams) -> NeuMF:

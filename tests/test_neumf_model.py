@@ -133,6 +133,41 @@ def test_model_serialization_round_trip(tmp_path):
     assert restored.embedding_init == "normal"
 
 
+def test_given_tables_are_used_and_saved_with_the_model(tmp_path):
+    width = neumf_model.NeuMF.table_width(4, (8, 6, 4))
+    users = keras.layers.Embedding(3, width, embeddings_initializer="ones", name="embedding_user")
+    items = keras.layers.Embedding(5, width, name="embedding_item")
+    model = neumf_model.NeuMF(
+        mf_dim=4,
+        layers=(8, 6, 4),
+        mlp_regularization=(0.0, 0.0, 0.0),
+        user_embedding=users,
+        item_embedding=items,
+    )
+    # A batch larger than the tables: tables made by NeuMF would be projected first.
+    features = _features([0, 2, 1, 0, 2, 1], [4, 0, 3, 1, 2, 4])
+    logits = model(features)
+    assert model.user_embedding is users and model.item_embedding is items
+    expected = model.score(
+        users(features[constants.USER_COLUMN]), items(features[constants.ITEM_COLUMN])
+    )
+    np.testing.assert_allclose(logits, expected, rtol=1e-6)
+    path = str(tmp_path / "given.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    np.testing.assert_allclose(restored(features), logits, rtol=1e-6)
+    assert restored.user_embedding.get_config() == users.get_config()
+    assert (restored.num_users, restored.item_embedding.input_dim) == (None, 5)
+
+
+def test_each_table_is_sized_or_given_exactly_once():
+    sizes = dict(mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0))
+    with pytest.raises(ValueError, match="give num_users or user_embedding"):
+        neumf_model.NeuMF(num_items=5, **sizes)  # neither
+    with pytest.raises(ValueError, match="give num_items or item_embedding"):
+        neumf_model.NeuMF(3, 5, item_embedding=keras.layers.Embedding(5, 8), **sizes)  # both
+
+
 def test_padding_never_reaches_the_loss():
     params = _params(mlp_regularization=(0.0, 0.0, 0.0))
     state = neumf_model.build_state(params)

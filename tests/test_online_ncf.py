@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from recommendation import constants
 from recommendation.online import online_ncf
+from recommendation.online.hash_embedding import HashEmbedding
 
 MF_DIM, MLP_HALF = 2, 2
 
@@ -118,3 +119,13 @@ def test_negatives_are_never_the_events_item_even_in_a_row_the_batch_reuses_for_
     )
     assert logs["hr"] == 1.0 and logs["ndcg"] == 1.0
     assert not _has_row(model.item_embedding, 100) and _has_row(model.item_embedding, 999)
+
+
+def test_a_config_round_trip_builds_the_same_hash_tables():
+    model = _model(permit_filter_value=2, evict_filter_value=3, max_norm=2.0)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    assert type(clone) is online_ncf.OnlineNeuMF and clone.get_config() == model.get_config()
+    for table, capacity in ((clone.user_embedding, 8), (clone.item_embedding, 16)):
+        assert isinstance(table, HashEmbedding) and table.capacity == capacity
+        assert (table.permit_filter_value, table.evict_filter_value, table.max_norm) == (2, 3, 2.0)
+    assert model.get_config()["user_capacity"] == 8 and "num_users" not in model.get_config()

@@ -66,7 +66,8 @@ class OnlineParams:
 
 @keras.saving.register_keras_serializable(package="ncf")
 class OnlineNeuMF(neumf_model.NeuMF):
-    """NeuMF over `HashEmbedding` tables (arguments as in `OnlineParams`).
+    """NeuMF over `HashEmbedding` tables of `user_capacity` and `item_capacity` rows
+    (arguments as in `OnlineParams`), given to NeuMF ready-made.
 
     Call args (of `call`, after `resolve`):
         resolved: The dict `resolve` returns.
@@ -91,24 +92,29 @@ class OnlineNeuMF(neumf_model.NeuMF):
         top_k: int = OnlineParams.top_k,
         **kwargs,
     ) -> None:
-        # Read by `_embedding` during NeuMF's constructor.
-        self.hash_options = {
-            "permit_filter_value": permit_filter_value,
-            "evict_filter_value": evict_filter_value,
-            "max_norm": max_norm,
-        }
+        width = neumf_model.NeuMF.table_width(mf_dim, layers)
+
+        def hash_table(capacity: int, name: str) -> HashEmbedding:
+            return HashEmbedding(
+                width,
+                capacity=capacity,
+                name=name,
+                permit_filter_value=permit_filter_value,
+                evict_filter_value=evict_filter_value,
+                max_norm=max_norm,
+            )
+
         super().__init__(
-            user_capacity, item_capacity, mf_dim, layers, 0.0, mlp_regularization, **kwargs
+            mf_dim=mf_dim,
+            layers=layers,
+            mlp_regularization=mlp_regularization,
+            user_embedding=hash_table(user_capacity, "embedding_user"),
+            item_embedding=hash_table(item_capacity, "embedding_item"),
+            **kwargs,
         )
         self.num_neg, self.top_k = num_neg, top_k
         self.prequential_events = prequential_events
         self.prequential_negatives = prequential_negatives
-
-    def _embedding(self, count: int, width: int, regularizer, name: str) -> HashEmbedding:
-        return HashEmbedding(width, capacity=count, name=name, **self.hash_options)
-
-    def _project_tables_first(self, batch_size: int | None) -> bool:
-        return False  # hash tables are mostly empty rows: never project whole tables
 
     def resolve(self, data: dict, training: bool = False) -> dict:
         """Ids to rows. First the prequential test: its rows' values are read before
@@ -178,16 +184,26 @@ class OnlineNeuMF(neumf_model.NeuMF):
 
     def get_config(self) -> dict:
         config = super().get_config()
-        for key in ("num_users", "num_items", "mf_regularization", "embedding_init"):
+        # NeuMF's table arguments: these hash tables are built from the ones below.
+        for key in (
+            "num_users",
+            "num_items",
+            "mf_regularization",
+            "embedding_init",
+            "user_embedding",
+            "item_embedding",
+        ):
             config.pop(key)
         config.update(
-            user_capacity=self.num_users,
-            item_capacity=self.num_items,
+            user_capacity=self.user_embedding.capacity,
+            item_capacity=self.item_embedding.capacity,
+            permit_filter_value=self.user_embedding.permit_filter_value,
+            evict_filter_value=self.user_embedding.evict_filter_value,
+            max_norm=self.user_embedding.max_norm,
             num_neg=self.num_neg,
             prequential_events=self.prequential_events,
             prequential_negatives=self.prequential_negatives,
             top_k=self.top_k,
-            **self.hash_options,
         )
         return config
 
