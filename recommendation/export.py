@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from official.utils.misc import distribution_utils, errors
+from official.utils.misc import atomic, distribution_utils, errors
 from official.utils.misc.runner import ModelDirError, Runner
 from recommendation import constants, data_preprocessing, movielens, ncf_common, neumf_model
 from recommendation.data_preprocessing import PreprocessedData
@@ -181,10 +181,10 @@ def _lookup(table: tf.lookup.StaticHashTable, raw_ids: tf.Tensor) -> tuple[tf.Te
 def export_serving(
     runner: Runner, data: PreprocessedData, export_dir: str, onnx: bool = False
 ) -> float | None:
-    """Exports `runner`'s model for serving (atomically; see `Runner.export_saved_model`).
+    """Exports `runner`'s model for serving, atomically (`write_saved_model`).
 
     Args:
-        runner: Holds the trained NeuMF.
+        runner: Holds the trained NeuMF; its PREDICT computation is what is served.
         data: The data it was trained on (id maps, training interactions).
         export_dir: Destination folder.
         onnx: Also write ``model.onnx`` (tf2onnx) and check it against the SavedModel.
@@ -193,14 +193,11 @@ def export_serving(
         SavedModel on a sample of pairs; else None.
     Raises:
         ExportError: the ONNX conversion failed or does not match.
+        ValueError: `export_dir` exists and is neither empty nor a SavedModel.
     """
     if onnx:
         require_onnx()
     parity: list[float] = []
-
-    def build_serving(predict, model):
-        module = ServingModule(model, predict, data, asset_dir)
-        return module, {"serving_default": module.score, "recommend": module.recommend}
 
     def add_onnx(saved_model_dir: str) -> None:
         onnx_path = os.path.join(saved_model_dir, ONNX_FILE)
@@ -208,9 +205,54 @@ def export_serving(
         parity.append(check_onnx_parity(saved_model_dir, onnx_path, _parity_sample(data)))
 
     with tempfile.TemporaryDirectory() as asset_dir:
-        runner.export_saved_model(export_dir, build_serving, add_onnx if onnx else None)
+        module = ServingModule(runner.state.model, runner.predict, data, asset_dir)
+        signatures = {"serving_default": module.score, "recommend": module.recommend}
+        write_saved_model(export_dir, module, signatures, add_onnx if onnx else None)
     logging.info("Exported a SavedModel for serving to %s", export_dir)
     return parity[0] if parity else None
+
+
+def write_saved_model(
+    export_dir: str,
+    module: tf.Module,
+    signatures: dict[str, Callable],
+    finalize: Callable[[str], None] | None = None,
+) -> None:
+    """Saves `module` as the SavedModel in `export_dir`, never leaving a half-written one.
+
+    Everything is written to a temporary sibling folder, which is renamed into place
+    only once complete (`atomic.replace_folder`): a reader never sees a partial
+    export, and a failure removes the temporary folder and leaves any earlier export
+    untouched. What exports killed mid-way (their process is gone) left is cleaned up
+    by the next export: temporary folders removed, an earlier export put back.
+
+    Args:
+        export_dir: Destination; replaced if it holds an earlier SavedModel.
+        module: What is saved; it holds the variables its signatures use.
+        signatures: Signature name -> a `tf.function` of `module` with an input
+            signature.
+        finalize: Called with the temporary folder once the SavedModel is written,
+            before the rename: to add files derived from it, or to verify it.
+
+    Raises:
+        ValueError: `export_dir` exists and is neither empty nor a SavedModel.
+    """
+    export_dir = export_dir.rstrip("/")
+    # Beside a folder the user named, a leftover should be seen: temporaries are
+    # visible siblings (``<export_dir>.tmp-<pid>-<token>``).
+    with atomic.replace_folder(export_dir, hidden=False) as temp_dir:
+        if (
+            tf.io.gfile.exists(export_dir)
+            and tf.io.gfile.listdir(export_dir)
+            and not tf.saved_model.contains_saved_model(export_dir)
+        ):
+            raise ValueError(
+                f"export_dir {export_dir} exists and is not a SavedModel; "
+                "choose a new or empty folder"
+            )
+        tf.saved_model.save(module, temp_dir, signatures=signatures)
+        if finalize is not None:
+            finalize(temp_dir)
 
 
 def require_onnx() -> None:

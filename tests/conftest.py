@@ -1,4 +1,5 @@
-"""Shared helpers: small MovieLens-format files in tmp_path, and one trained export."""
+"""Shared helpers: small MovieLens-format files in tmp_path, a small runner, and one
+trained export."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from collections.abc import Iterable
 import keras
 import pytest
 import redis
+import tensorflow as tf
 
-from recommendation import data_preprocessing, ncf_main, synthetic_data
+from official.utils.misc.runner import Runner
+from recommendation import data_pipeline, data_preprocessing, ncf_main, neumf_model, synthetic_data
 from recommendation.data_preprocessing import DataConfig, PreprocessedData
 from recommendation.ncf_common import NcfConfig
 from recommendation.neumf_model import ModelParams
@@ -86,6 +89,34 @@ def write_movies(path: str, titles: dict[int, str], kind: str) -> str:
     with open(path, "wb") as out:
         out.write(contents)
     return path
+
+
+# A NeuMF small enough to train a few steps of in a test.
+TINY_PARAMS = ModelParams(
+    num_users=50, num_items=40, mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0)
+)
+
+
+def tiny_runner(model_dir: str, steps_per_call: int = 1, **options) -> Runner:
+    """A `Runner` of `TINY_PARAMS` on one CPU, seeded (the same weights every time);
+    `options` go to the runner (``model_fn`` replaces NeuMF's)."""
+    keras.utils.set_random_seed(0)
+    return Runner(
+        options.pop("model_fn", neumf_model.model_fn),
+        neumf_model.build_state,
+        TINY_PARAMS,
+        model_dir,
+        tf.distribute.OneDeviceStrategy("/cpu:0"),
+        steps_per_call=steps_per_call,
+        **options,
+    )
+
+
+def tiny_train_input_fn() -> tf.data.Dataset:
+    """Random training batches of 32 points for `tiny_runner`."""
+    return data_pipeline.synthetic_train_input_fn(
+        32, TINY_PARAMS.num_users, TINY_PARAMS.num_items, seed=3
+    )
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Serving export: raw-id signatures, a fresh process, ONNX parity, the export command."""
+"""Serving export: raw-id signatures, a fresh process, ONNX parity, the export command,
+and the SavedModel written whole or not at all."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import tensorflow as tf
+from conftest import tiny_runner, tiny_train_input_fn
 
 from official.utils.misc.runner import ModelDirError
 from recommendation import constants, export
@@ -203,3 +205,139 @@ def test_export_from_a_checkpoint_explains_what_is_wrong(
     with pytest.raises(error, match=message):
         export.export_from_checkpoint(dataclasses.replace(config, **change(config, tmp_path)))
     assert not os.path.exists(tmp_path / "export")
+
+
+# ---------------------------------------------------------------------------
+# Writing the SavedModel: whole or not at all (`export.write_saved_model`)
+
+
+def _exports(folder) -> list[str]:
+    """The export and any temporary or moved-aside siblings of it in `folder`."""
+    return sorted(name for name in os.listdir(folder) if name.startswith("export"))
+
+
+SPECS = [
+    tf.TensorSpec([None], tf.int32, constants.USER_COLUMN),
+    tf.TensorSpec([None], tf.int32, constants.ITEM_COLUMN),
+]
+
+
+def _serving(runner) -> tuple[tf.Module, dict]:
+    """The smallest serving module: `runner`'s PREDICT outputs for dense ids."""
+    module = tf.Module()
+    module.model = runner.state.model
+    module.serve = tf.function(
+        lambda user_id, item_id: runner.predict(
+            {constants.USER_COLUMN: user_id, constants.ITEM_COLUMN: item_id}
+        ),
+        input_signature=SPECS,
+    )
+    return module, {"serving_default": module.serve}
+
+
+def _export(runner, export_dir: str, finalize=None) -> None:
+    export.write_saved_model(export_dir, *_serving(runner), finalize)
+
+
+def test_export_reloads_in_a_fresh_process_with_the_same_scores(tmp_path):
+    runner = tiny_runner(str(tmp_path / "model"))
+    runner.train(tiny_train_input_fn, 3)
+    export_dir = str(tmp_path / "export")
+    _export(runner, export_dir)
+    assert _exports(tmp_path) == ["export"]  # no temporary folder left behind
+    users, items = [0, 7, 49], [39, 3, 0]
+    expected = runner.state.model(
+        {constants.USER_COLUMN: tf.constant(users), constants.ITEM_COLUMN: tf.constant(items)}
+    )[:, 0]
+    script = (
+        "import sys, tensorflow as tf\n"
+        "fn = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+        f"out = fn(user_id=tf.constant({users}), item_id=tf.constant({items}))\n"
+        "print(' '.join(repr(float(v)) for v in out['logits'].numpy()))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, export_dir],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    scores = [float(value) for value in result.stdout.split()]
+    np.testing.assert_allclose(scores, expected.numpy(), rtol=1e-6)
+
+
+def _fail(_):
+    raise RuntimeError("injected failure after the SavedModel was written")
+
+
+def test_failed_export_leaves_nothing_behind(tmp_path):
+    runner = tiny_runner(str(tmp_path / "model"))
+    export_dir = str(tmp_path / "export")
+    with pytest.raises(RuntimeError, match="injected"):
+        _export(runner, export_dir, finalize=_fail)
+    assert _exports(tmp_path) == []  # neither the export nor its temporary folder
+
+
+def test_failed_export_keeps_the_earlier_one(tmp_path):
+    runner = tiny_runner(str(tmp_path / "model"))
+    export_dir = str(tmp_path / "export")
+    _export(runner, export_dir)
+    before = sorted(os.listdir(export_dir))
+    runner.train(tiny_train_input_fn, 2)
+    with pytest.raises(RuntimeError, match="injected"):
+        _export(runner, export_dir, finalize=_fail)
+    assert _exports(tmp_path) == ["export"]
+    assert sorted(os.listdir(export_dir)) == before
+    assert "serving_default" in tf.saved_model.load(export_dir).signatures
+
+
+def test_export_never_replaces_a_folder_that_is_not_a_saved_model(tmp_path):
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not a SavedModel"):
+        _export(tiny_runner(str(tmp_path / "model")), str(tmp_path / "export"))
+    assert os.listdir(tmp_path / "export") == ["notes.txt"]
+
+
+# An export killed (SIGKILL) after writing its temporary folder, before the rename.
+_KILLED_EXPORT = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+import conftest, test_export
+runner = conftest.tiny_runner(os.path.join(sys.argv[1], "model"))
+test_export._export(
+    runner,
+    os.path.join(sys.argv[1], "export"),
+    finalize=lambda _: os.kill(os.getpid(), signal.SIGKILL),
+)
+"""
+
+
+def test_killed_export_leaves_no_export_and_its_leftovers_are_removed(tmp_path):
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(tmp_path), tests_dir],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == -9, result.stderr[-2000:]
+    leftovers = _exports(tmp_path)
+    assert len(leftovers) == 1 and leftovers[0].startswith("export.tmp-")  # never `export`
+    _export(tiny_runner(str(tmp_path / "model")), str(tmp_path / "export"))
+    assert _exports(tmp_path) == ["export"]
+
+
+def test_an_export_moved_aside_by_a_killed_export_is_put_back(tmp_path):
+    runner = tiny_runner(str(tmp_path / "model"))
+    _export(runner, str(tmp_path / "export"))
+    finished = subprocess.Popen([sys.executable, "-c", ""])
+    finished.wait()  # its pid now belongs to no process
+    # As a swap killed between its renames leaves it: aside, under the dead writer's pid.
+    os.rename(tmp_path / "export", tmp_path / f"export.old-{finished.pid}-0badcafe")
+    with pytest.raises(RuntimeError, match="injected"):
+        _export(runner, str(tmp_path / "export"), finalize=_fail)
+    assert _exports(tmp_path) == ["export"]
+    assert tf.saved_model.contains_saved_model(str(tmp_path / "export"))

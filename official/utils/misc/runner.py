@@ -3,7 +3,7 @@
 ``tf.estimator`` is gone from TensorFlow; this keeps its shape so benchmark code keeps
 its structure: a ``model_fn(features, labels, mode, params, state)`` returning a spec,
 and a runner with ``train(input_fn, steps)``, ``evaluate(input_fn, steps)`` and
-``export_saved_model(dir)`` that
+``predict(features)`` (what a serving export wraps) that
 
 - builds the variables once, under a ``tf.distribute`` strategy scope;
 - checkpoints with ``tf.train.CheckpointManager`` and resumes from the latest
@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import atomic, distribution_utils, errors, signals
+from official.utils.misc import distribution_utils, errors, signals
 
 
 class ModelDirError(Exception):
@@ -112,7 +112,7 @@ def completed_epochs_of(checkpoint_path: str) -> int:
 
 
 class Runner:
-    """Trains, evaluates and exports one model in `model_dir`.
+    """Trains and evaluates one model in `model_dir`, and predicts with it.
 
     Args:
         model_fn: ``(features, labels, mode, params, state) -> ModelSpec``.
@@ -378,56 +378,12 @@ class Runner:
         metrics["seconds"] = time.perf_counter() - start
         return metrics
 
-    # -- export -------------------------------------------------------------
+    # -- predict ------------------------------------------------------------
 
     def predict(self, features: dict) -> dict[str, tf.Tensor]:
         """`model_fn`'s PREDICT predictions for `features`, with this runner's variables."""
         state = ModelState(self.state.model)
         return self.model_fn(features, None, Mode.PREDICT, self.params, state).predictions
-
-    def export_saved_model(
-        self,
-        export_dir: str,
-        build_serving: Callable[[Callable[[dict], dict], keras.Model], tuple[tf.Module, dict]],
-        finalize: Callable[[str], None] | None = None,
-    ) -> str:
-        """Exports a SavedModel for serving, never leaving a half-written one behind.
-
-        Everything is written to a temporary sibling folder, which is renamed into place
-        only once complete (`atomic.replace_folder`): a reader never sees a partial
-        export, and a failure removes the temporary folder and leaves any earlier export
-        untouched. What exports killed mid-way (their process is gone) left is cleaned up
-        by the next export: temporary folders removed, an earlier export put back.
-
-        Args:
-            export_dir: Destination; replaced if it holds an earlier SavedModel.
-            build_serving: ``(predict, model) -> (module, signatures)``: wraps `predict`
-                (this runner's PREDICT computation) with the inputs and outputs serving
-                needs; the module must hold `model`, so that its variables are saved.
-            finalize: Called with the temporary folder once the SavedModel is written,
-                before the rename: to add files derived from it, or to verify it.
-
-        Raises:
-            ValueError: `export_dir` exists and is neither empty nor a SavedModel.
-        """
-        export_dir = export_dir.rstrip("/")
-        # Beside a folder the user named, a leftover should be seen: temporaries are
-        # visible siblings (``<export_dir>.tmp-<pid>-<token>``).
-        with atomic.replace_folder(export_dir, hidden=False) as temp_dir:
-            if (
-                tf.io.gfile.exists(export_dir)
-                and tf.io.gfile.listdir(export_dir)
-                and not tf.saved_model.contains_saved_model(export_dir)
-            ):
-                raise ValueError(
-                    f"export_dir {export_dir} exists and is not a SavedModel; "
-                    "choose a new or empty folder"
-                )
-            module, signatures = build_serving(self.predict, self.state.model)
-            tf.saved_model.save(module, temp_dir, signatures=signatures)
-            if finalize is not None:
-                finalize(temp_dir)
-        return export_dir
 
 
 @contextlib.contextmanager
