@@ -300,7 +300,12 @@ def _unpack(
     archive_path: str, info: DatasetInfo, data_dir: str, temp_dir: str, source: str
 ) -> None:
     """Unpacks the archive into `temp_dir`, then moves its files into ``data_dir/<name>/``,
-    the ratings file last, so an interrupted run never leaves one that looks complete."""
+    the ratings file last, so an interrupted run never leaves one that looks complete.
+
+    File by file rather than a folder swap (`atomic.replace_folder`): a swap would drop
+    the files already in the folder, and on ``gs://`` (a folder rename copies object by
+    object) would not put the ratings file, the marker readers trust, last.
+    """
     extracted = os.path.join(temp_dir, "extracted")
     _extract(archive_path, info, extracted, source)
     _move_into_place(extracted, dataset_dir(data_dir, info), info.ratings_file)
