@@ -44,7 +44,8 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from official.utils.misc import atomic, distribution_utils, errors
-from official.utils.misc.runner import ModelDirError, Runner
+from official.utils.misc.model_dir import ModelDirError
+from official.utils.misc.runner import Runner
 from recommendation import constants, data_preprocessing, movielens, ncf_common, neumf_model
 from recommendation.data_preprocessing import PreprocessedData
 from recommendation.neumf_model import NeuMF

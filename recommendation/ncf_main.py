@@ -21,14 +21,10 @@ from absl import app, flags, logging
 from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
-from official.utils.misc import distribution_utils, errors, signals
+from official.utils.misc import distribution_utils, errors, model_dir, signals
+from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import (
-    ModelDirError,
-    Runner,
-    completed_epochs_of,
-    prepare_model_dir,
-)
+from official.utils.misc.runner import Runner, completed_epochs_of
 from recommendation import (
     data_pipeline,
     data_preprocessing,
@@ -144,7 +140,7 @@ def run(config: NcfConfig) -> RunResult:
     # Before the compliance log opens: by default it lives in model_dir.
     if config.clean and tf.io.gfile.exists(config.model_dir):
         tf.io.gfile.rmtree(config.model_dir)
-    prepare_model_dir(config.model_dir)
+    model_dir.prepare(config.model_dir)
     chief = distribution_utils.is_chief(strategy)
     try:
         with mlperf_helper.session(

@@ -17,6 +17,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from official.utils.misc import precision
 from official.utils.misc.runner import Mode, ModelSpec, ModelState
 from recommendation import constants
 
@@ -99,9 +100,6 @@ EMBEDDING_INITS = {
     "glorot_uniform": lambda: keras.initializers.GlorotUniform(),
     "normal": lambda: keras.initializers.RandomNormal(stddev=0.01),
 }
-
-
-_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 @keras.saving.register_keras_serializable(package="ncf")
@@ -328,7 +326,7 @@ class NeuMF(keras.Model):
 
 def build_model(params: ModelParams) -> NeuMF:
     """Builds NeuMF (variables created) under the compute-dtype policy of `params`."""
-    keras.mixed_precision.set_global_policy(_POLICIES[params.dtype])
+    keras.mixed_precision.set_global_policy(precision.POLICIES[params.dtype])
     model = NeuMF(
         params.num_users,
         params.num_items,
@@ -419,9 +417,9 @@ def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
         epsilon=params.epsilon,
         weight_decay=params.weight_decay or None,
     )
-    if params.dtype == "fp16" and params.loss_scale is None:
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    return optimizer
+    return precision.with_loss_scaling(
+        optimizer, precision.POLICIES[params.dtype], params.loss_scale
+    )
 
 
 def build_state(params: ModelParams) -> ModelState:

@@ -29,8 +29,8 @@ from absl import app, flags, logging
 
 from official.utils.flags import core
 from official.utils.flags.core import NON_NEGATIVE, POSITIVE, POSITIVE_OR_UNSET, FlagSpec, Rule
-from official.utils.misc import atomic, errors
-from official.utils.misc.runner import ModelDirError, prepare_model_dir
+from official.utils.misc import atomic, errors, model_dir
+from official.utils.misc.model_dir import ModelDirError
 from recommendation import ncf_common
 from recommendation.online import callbacks, online_ncf, sources
 from recommendation.online.event_stream import EventStream
@@ -147,7 +147,7 @@ def run(config: OnlineConfig) -> dict:
         tf.keras.utils.set_random_seed(config.seed)
     if config.clean and tf.io.gfile.exists(config.model_dir):
         tf.io.gfile.rmtree(config.model_dir)
-    prepare_model_dir(config.model_dir)
+    model_dir.prepare(config.model_dir)
     rec_model: RecModel = online_ncf.build_rec_model(
         config.model, config.amp_level, config.boost_level
     )

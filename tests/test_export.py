@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from conftest import tiny_runner, tiny_train_input_fn
 
-from official.utils.misc.runner import ModelDirError
+from official.utils.misc.model_dir import ModelDirError
 from recommendation import constants, export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

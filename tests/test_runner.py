@@ -12,7 +12,8 @@ import tensorflow as tf
 from conftest import TINY_PARAMS, tiny_runner, tiny_train_input_fn
 
 from official.utils.misc import signals
-from official.utils.misc.runner import ModelDirError, Runner, prepare_model_dir
+from official.utils.misc.model_dir import ModelDirError
+from official.utils.misc.runner import Runner
 from recommendation import constants, neumf_model
 
 
@@ -142,21 +143,6 @@ def _eval_input_fn():
         constants.VALID_POINT_MASK: np.ones((9, 2 * block), bool),
     }
     return tf.data.Dataset.from_tensor_slices(features)
-
-
-def test_a_model_dir_that_cannot_hold_files_is_refused_up_front(tmp_path):
-    regular_file = tmp_path / "model"
-    regular_file.write_text("not a folder")
-    with pytest.raises(ModelDirError, match=r"--model_dir .*model is a file, not a folder"):
-        prepare_model_dir(str(regular_file))
-    with pytest.raises(
-        ModelDirError,
-        match=r"cannot write checkpoints and logs in .*below: .*model is not a directory; "
-        r"pass --model_dir with a writable folder",
-    ):
-        prepare_model_dir(str(regular_file / "below"))
-    prepare_model_dir(str(tmp_path / "new" / "model"))
-    assert os.listdir(tmp_path / "new" / "model") == []  # created, and the probe removed
 
 
 def test_a_checkpoint_of_other_model_flags_is_named_as_such(tmp_path):

@@ -4,9 +4,7 @@ trained events and a report of the restored state."""
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import os
 import time
 from collections.abc import Callable
 
@@ -14,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from official.utils.misc import model_dir
 from recommendation.online import versioned_export
 from recommendation.online.online_ncf import OnlineNeuMF
 from recommendation.online.rec_model import Callback, RecModel
@@ -38,20 +37,6 @@ class _Schedule:
 
     def mark(self, step: int) -> None:
         self.last_step, self.last_time = step, time.monotonic()
-
-
-def _fsync_local(prefix: str) -> None:
-    """Flushes a checkpoint's files and folder to disk (local paths), so a commit
-    made after it never outlives the data it vouches for."""
-    if "://" in prefix:
-        return  # object stores make a finished write durable themselves
-    directory = os.path.dirname(prefix)
-    for path in [*glob.glob(prefix + ".*"), os.path.join(directory, "checkpoint"), directory]:
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
 
 
 class _Periodic(Callback):
@@ -108,21 +93,20 @@ class CheckpointCallback(_Periodic):
         self.manager = tf.train.CheckpointManager(
             rec_model.checkpoint, self.directory, max_to_keep=self.keep
         )
-        latest = self.manager.latest_checkpoint
+        latest = model_dir.restore_latest(rec_model.new_checkpoint, self.directory)
         if latest is not None:
-            rec_model.checkpoint.restore(latest).assert_existing_objects_matched()
             rec_model.after_restore()
             self.restored_from = latest
             logging.info("restored %s: step %d", latest, int(rec_model.step.numpy()))
         super().on_train_begin(logs)
 
     def act(self) -> str:
-        """Checkpoints now, makes it durable, then commits the stream position."""
+        """Checkpoints now, makes it durable, then commits the stream position (a
+        commit made before the checkpoint is on disk could outlive what it vouches for)."""
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
         rec_model.before_save()
-        path = self.manager.save(checkpoint_number=step)
-        _fsync_local(path)
+        path = model_dir.save_checkpoint(self.manager, step, durable=True)
         rec_model.commit()
         self.schedule.mark(step)
         logging.info("checkpoint %s", path)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -51,8 +50,9 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
+from official.utils.misc import precision, signals
+from official.utils.misc.runner import sum_over_steps
 from recommendation import neumf_model
 
 AMP_LEVELS = ("O0", "O2", "O3", "auto")
@@ -157,28 +157,6 @@ class _Callbacks:
                 getattr(callback, name, lambda *_: None)(*args)
 
         return dispatch
-
-
-class _StopSignals:
-    """Turns SIGINT/SIGTERM into a flag checked between steps (main thread only)."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        logging.warning("signal %d: finishing the step, then checkpointing", signum)
-        self.received = signum
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------
@@ -286,11 +264,12 @@ class _Prefetcher:
 
 
 def _policy(amp_level: str) -> str | None:
+    """The Keras policy of an amp level on this machine (None: float32 as it is)."""
     on_gpu = bool(tf.config.list_logical_devices("GPU"))
     if amp_level == "auto":
         amp_level = "O2" if on_gpu else "O0"
-    low = "float16" if on_gpu else "bfloat16"
-    return {"O0": None, "O2": f"mixed_{low}", "O3": low}[amp_level]
+    mixed = precision.POLICIES["fp16" if on_gpu else "bf16"]
+    return {"O0": None, "O2": mixed, "O3": mixed.removeprefix("mixed_")}[amp_level]
 
 
 class RecModel:
@@ -333,14 +312,15 @@ class RecModel:
         self.policy = _policy(amp_level)
         if self.policy is not None:
             self._apply_policy(amp_level)
-        if optimizer is not None and self.policy == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        if optimizer is not None and self.policy is not None:
+            optimizer = precision.with_loss_scaling(optimizer, self.policy)
         self.optimizer = optimizer
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.position: Any = None
         self.trained_ids: list = []  # source ids of the events of the last sink
         self.stop_training = False
         self._checkpoint: tf.train.Checkpoint | None = None
+        self._position_variable: tf.Variable | None = None
         self._sink_calls: dict[tuple, Callable] = {}  # by element dtypes and shapes
         self._eval_call: Callable | None = None
         self._dataset = None
@@ -360,15 +340,21 @@ class RecModel:
     def checkpoint(self) -> tf.train.Checkpoint:
         """The network, optimiser, step counter and stream position, as one object."""
         if self._checkpoint is None:
-            self._build_optimizer()
-            self._position_variable = tf.Variable("null", dtype=tf.string, trainable=False)
-            self._checkpoint = tf.train.Checkpoint(
-                network=self.network,
-                optimizer=self.optimizer,
-                step=self.step,
-                position=self._position_variable,
-            )
+            self._checkpoint = self.new_checkpoint()
         return self._checkpoint
+
+    def new_checkpoint(self) -> tf.train.Checkpoint:
+        """A checkpoint object of the same state (`model_dir.restore_latest` restores
+        through one of its own)."""
+        self._build_optimizer()
+        if self._position_variable is None:
+            self._position_variable = tf.Variable("null", dtype=tf.string, trainable=False)
+        return tf.train.Checkpoint(
+            network=self.network,
+            optimizer=self.optimizer,
+            step=self.step,
+            position=self._position_variable,
+        )
 
     def before_save(self) -> None:
         """Copies the position of the last trained batch into the checkpoint."""
@@ -479,12 +465,10 @@ class RecModel:
 
         @tf.function(input_signature=[signature, tf.TensorSpec([], tf.int32)])
         def call(stacked, num_steps):
-            first = tf.nest.map_structure(lambda t: t[0], stacked)
-            totals = step(first)
-            for index in tf.range(1, num_steps):
-                logs = step(tf.nest.map_structure(lambda t, i=index: t[i], stacked))
-                totals = {key: totals[key] + logs[key] for key in totals}
-            return totals
+            return sum_over_steps(
+                lambda index: step(tf.nest.map_structure(lambda t: t[index], stacked)),
+                num_steps,
+            )
 
         return call
 
@@ -543,7 +527,9 @@ class RecModel:
         start, events, logs = time.perf_counter(), 0, {}
         stopped_by = "end of data"
         has_position = [False]
-        with _StopSignals() as signals:
+        # Stop signals are raised between sinks only (the one mechanism of both
+        # trainers): the sink in flight finishes, on_train_end checkpoints.
+        with signals.stop_on_signals():
             callback_list.on_train_begin({})
             if epoch_index is not None:
                 callback_list.on_epoch_begin(epoch_index, {})
@@ -561,7 +547,7 @@ class RecModel:
                         events += group.num_events
                         logs.update(events=events, step=int(self.step.numpy()))
                         callback_list.on_train_batch_end(logs["step"], logs)
-                    stopped_by = self._stop_reason(signals)
+                    stopped_by = self._stop_reason()
                     if stopped_by:
                         break
                 else:
@@ -580,9 +566,11 @@ class RecModel:
             "logs": logs,
         }
 
-    def _stop_reason(self, signals: _StopSignals) -> str:
-        if signals.received is not None:
-            return f"signal {signals.received}"
+    def _stop_reason(self) -> str:
+        try:
+            signals.check()
+        except signals.Interrupted as stop:
+            return f"signal {stop.signum}"
         if self.stop_training or getattr(self.network, "stop_training", False):
             return "callback"
         return ""

@@ -18,49 +18,18 @@ and a runner with ``train(input_fn, steps)``, ``evaluate(input_fn, steps)`` and
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import gc
-import logging as py_logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import distribution_utils, errors, signals
-
-
-class ModelDirError(Exception):
-    """model_dir cannot be used, or a checkpoint in it cannot be restored or written;
-    the message says what to do."""
-
-
-def prepare_model_dir(model_dir: str) -> None:
-    """Creates `model_dir` and checks that it takes files, before anything is written
-    there (checkpoints, summaries, the MLPerf log).
-
-    Raises:
-        ModelDirError: It is a file, or it cannot be created or written.
-    """
-    if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
-        raise ModelDirError(
-            f"--model_dir {model_dir} is a file, not a folder: give a folder for the "
-            "checkpoints and logs"
-        )
-    probe = os.path.join(model_dir, f".write-test-{os.getpid()}")
-    try:
-        tf.io.gfile.makedirs(model_dir)
-        with tf.io.gfile.GFile(probe, "w") as out:
-            out.write("")
-        tf.io.gfile.remove(probe)
-    except (tf.errors.OpError, OSError) as error:
-        raise ModelDirError(
-            errors.write_failure(error, "checkpoints and logs", model_dir, "--model_dir")
-        ) from None
+from official.utils.misc import distribution_utils, signals
+from official.utils.misc.model_dir import restore_latest, save_checkpoint
 
 
 class Mode(enum.Enum):
@@ -102,6 +71,20 @@ class ModelSpec:
     metrics: dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     summarize: Callable[[dict[str, float]], dict[str, float]] = dict
     predictions: dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+
+
+def sum_over_steps(
+    step: Callable[[tf.Tensor], dict[str, tf.Tensor]], num_steps: tf.Tensor
+) -> dict[str, tf.Tensor]:
+    """``step(0) + ... + step(num_steps - 1)``, key by key, in one graph call (at least
+    one step): several steps per call cut Python's share of each step. Both trainers
+    run their steps this way; what a step reads stays theirs (the Runner an iterator of
+    a distributed tf.data pipeline, RecModel host batches stacked from its sources)."""
+    totals = step(tf.constant(0))
+    for index in tf.range(1, num_steps):
+        logs = step(index)
+        totals = {key: totals[key] + logs[key] for key in totals}
+    return totals
 
 
 def completed_epochs_of(checkpoint_path: str) -> int:
@@ -189,28 +172,9 @@ class Runner:
             ModelDirError: The checkpoint does not fit this model (other model flags
                 or other data).
         """
-        latest = tf.train.latest_checkpoint(self.model_dir)
+        latest = restore_latest(self._new_checkpoint, self.model_dir)
         if latest is None:
             return False
-        mismatch = None
-        # Restored through a checkpoint object of its own: a failed restore leaves it
-        # holding the values it could not place, and it warns about each of them when
-        # freed; freed here, quietly, the error below says all there is to say.
-        checkpoint = self._new_checkpoint()
-        with _quiet_tensorflow_warnings():
-            try:
-                status = checkpoint.restore(latest).assert_existing_objects_matched()
-                status.expect_partial()  # every object matched; extras (save_counter) unused
-            except (ValueError, AssertionError, tf.errors.OpError) as error:
-                mismatch = _first_line(str(error))
-            del checkpoint
-            gc.collect()
-        if mismatch is not None:
-            raise ModelDirError(
-                f"the checkpoint {latest} was made with other model flags or other data "
-                f"({mismatch}); resume with the flags it was trained with, or start over "
-                "with --clean or another --model_dir"
-            )
         logging.info(
             "Resumed from %s (step %d, %d epochs done)",
             latest,
@@ -228,39 +192,13 @@ class Runner:
         """Writes a checkpoint numbered by the global step (all workers must call).
 
         Raises:
-            ModelDirError: It could not be written (full disk, no permission); what
-                it had written is removed and the previous checkpoint stays the latest.
+            ModelDirError: It could not be written (`model_dir.save_checkpoint`).
         """
-        step = self.global_step
-        try:
-            path = self._manager.save(checkpoint_number=step)
-        except (tf.errors.OpError, OSError) as error:
-            self._remove_partial_checkpoint(step)
-            kept = self.latest_checkpoint
-            failure = errors.write_failure(
-                error, f"checkpoint {step}", self._checkpoint_dir(), "--model_dir"
-            )
-            left = f"the last complete checkpoint is {kept}" if kept else "none was kept"
-            raise ModelDirError(f"{failure}; {left}") from None
+        path = save_checkpoint(self._manager, self.global_step)
         if not self.is_chief:
             tf.io.gfile.rmtree(self._checkpoint_dir())
             return None
         return path
-
-    def _remove_partial_checkpoint(self, step: int) -> None:
-        """Deletes what a failed save of checkpoint `step` left (its ``_temp`` folder,
-        files the checkpoint state does not point to)."""
-        prefix = os.path.join(self._checkpoint_dir(), f"ckpt-{step}")
-        if prefix == self.latest_checkpoint:
-            return  # an earlier, complete checkpoint of the same step
-        for path in tf.io.gfile.glob(f"{prefix}_temp*") + tf.io.gfile.glob(f"{prefix}.*"):
-            try:
-                if tf.io.gfile.isdir(path):
-                    tf.io.gfile.rmtree(path)
-                else:
-                    tf.io.gfile.remove(path)
-            except tf.errors.OpError as error:
-                logging.warning("could not remove %s: %s", path, error)
 
     # -- input --------------------------------------------------------------
 
@@ -314,15 +252,14 @@ class Runner:
         strategy = self.strategy
 
         def call(iterator, num_steps):
-            totals = None
-            for _ in tf.range(num_steps):
+            def global_step(_):
                 per_replica = strategy.run(step, args=(next(iterator),))
-                sums = {
+                return {
                     key: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
                     for key, value in per_replica.items()
                 }
-                totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-            return totals
+
+            return sum_over_steps(global_step, num_steps)
 
         return call if self.run_eagerly else tf.function(call)
 
@@ -384,19 +321,3 @@ class Runner:
         """`model_fn`'s PREDICT predictions for `features`, with this runner's variables."""
         state = ModelState(self.state.model)
         return self.model_fn(features, None, Mode.PREDICT, self.params, state).predictions
-
-
-@contextlib.contextmanager
-def _quiet_tensorflow_warnings() -> Iterator[None]:
-    """TensorFlow's Python warnings are dropped while active (errors still show)."""
-    tf_logger = py_logging.getLogger("tensorflow")
-    level = tf_logger.level
-    tf_logger.setLevel(py_logging.ERROR)
-    try:
-        yield
-    finally:
-        tf_logger.setLevel(level)
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
