@@ -403,6 +403,15 @@ NCF_FLAGS = (
         "--export_onnx needs --export_dir: the ONNX model is written into it",
     ),
     Rule(
+        ("distribution_strategy", "sparse_embedding_updates"),
+        lambda values: (
+            not (values["distribution_strategy"] == "tpu" and values["sparse_embedding_updates"])
+        ),
+        "--sparse_embedding_updates finds a batch's rows with tf.unique, whose output "
+        "shape depends on the data, and TPUs need static shapes: use dense updates (the "
+        "MLPerf reference's) on TPU",
+    ),
+    Rule(
         ("weight_decay", "sparse_embedding_updates"),
         lambda values: not (values["weight_decay"] and values["sparse_embedding_updates"]),
         "--weight_decay shrinks every embedding row each step: it needs dense "

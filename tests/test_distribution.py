@@ -3,6 +3,7 @@ against one process on one device."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,3 +136,60 @@ def test_thread_counts_are_set_before_tensorflow_starts_and_refused_after():
         "2 3",
         "--inter_op_parallelism_threads=5 came too late: TensorFlow already runs with 2 threads",
     ]
+
+
+_ACCELERATOR_PATH = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    sys.path.insert(0, sys.argv[1])
+    from conftest import TINY_PARAMS, tiny_train_input_fn
+    from official.utils.misc.runner import Runner
+    from recommendation import neumf_model
+
+    def trained(strategy, **options):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            runner = Runner(neumf_model.model_fn, neumf_model.build_state, TINY_PARAMS,
+                            sys.argv[2] + "/" + str(len(results)), strategy, steps_per_call=4,
+                            **options)
+        metrics = runner.train(tiny_train_input_fn, 8)
+        return runner, metrics
+
+    results = {}
+    one = tf.distribute.OneDeviceStrategy("/cpu:0")
+    two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    for name, strategy, options in (("plain", one, {}), ("to_device", one,
+            {"accelerator_input": True}), ("two_replicas", two, {"accelerator_input": True})):
+        runner, metrics = trained(strategy, **options)
+        fed = runner.distribute(tiny_train_input_fn)
+        kind = "distributed" if isinstance(fed, tf.distribute.DistributedDataset) else "plain"
+        weights = [w.numpy().ravel().tolist() for w in runner.state.model.weights]
+        results[name] = {"loss": metrics["loss"], "points": metrics["num_points"],
+                         "input": kind, "weights": weights}
+    print(json.dumps(results))
+""")
+
+
+def test_the_accelerator_input_path_trains_what_the_plain_path_trains(tmp_path):
+    # The path accelerators take (distribute_datasets_from_function, fetched to the
+    # device), forced on for CPU replicas: one replica, and two on two logical CPUs.
+    result = subprocess.run(
+        [sys.executable, "-c", _ACCELERATOR_PATH, os.path.join(ROOT, "tests"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(result.stdout.splitlines()[-1])
+    inputs = [runs[name]["input"] for name in ("plain", "to_device", "two_replicas")]
+    assert inputs == ["plain", "distributed", "distributed"]
+    assert runs["plain"]["points"] == runs["to_device"]["points"] == runs["two_replicas"]["points"]
+    plain = runs["plain"]
+    for name, tolerance in (("to_device", 0.0), ("two_replicas", 1e-6)):
+        assert runs[name]["loss"] == pytest.approx(plain["loss"], rel=1e-6, abs=tolerance)
+        for left, right in zip(plain["weights"], runs[name]["weights"], strict=True):
+            np.testing.assert_allclose(left, right, rtol=0, atol=tolerance + 1e-7)

@@ -72,6 +72,10 @@ def test_model_garden_command_line_still_parses():
             ["--weight_decay=0.1", "--sparse_embedding_updates"],
             "--weight_decay shrinks every embedding row each step: it needs dense updates",
         ),
+        (
+            ["--distribution_strategy=tpu", "--tpu=t", "--sparse_embedding_updates"],
+            "TPUs need static shapes: use dense updates",
+        ),
         (["--hr_threshold=2"], r"--hr_threshold must be in \(0, 1\]"),
         (["--hr_threshold=0"], r"--hr_threshold must be in \(0, 1\]"),
         (["--loss_scale=128"], "--loss_scale scales float16 gradients: it needs --dtype fp16"),

@@ -107,6 +107,8 @@ class Runner:
         jit_compile: Compile the per-replica step with XLA.
         keep_checkpoints: Checkpoints kept by the manager.
         run_eagerly: Run the steps as plain Python, no graphs (debugging).
+        accelerator_input: Feed even CPU replicas the way accelerators are fed
+            (distributed input, fetched to the device): tests run that path this way.
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class Runner:
         jit_compile: bool = False,
         keep_checkpoints: int = 3,
         run_eagerly: bool = False,
+        accelerator_input: bool = False,
     ) -> None:
         self.model_fn = model_fn
         self.params = params
@@ -128,6 +131,7 @@ class Runner:
         self.steps_per_call = steps_per_call
         self.jit_compile = jit_compile and not run_eagerly
         self.run_eagerly = run_eagerly
+        self.accelerator_input = accelerator_input
         self.is_chief = distribution_utils.is_chief(strategy)
         with strategy.scope():
             self.state = build_state(params)
@@ -203,9 +207,16 @@ class Runner:
     # -- input --------------------------------------------------------------
 
     def distribute(self, input_fn: Callable[[], tf.data.Dataset]):
-        """Distributes global batches: replica r of R gets slice r of each batch."""
+        """Distributes global batches: replica r of R gets slice r of each batch.
+
+        On accelerators and with several replicas the batches go through
+        `distribute_datasets_from_function`, prefetched to the devices; one CPU replica
+        reads the plain dataset, unless `accelerator_input` asks for the accelerators'
+        path (so that CPU tests run it).
+        """
         replicas = self.strategy.num_replicas_in_sync
-        if replicas == 1 and not self._on_accelerator():
+        to_device = self._on_accelerator() or self.accelerator_input
+        if replicas == 1 and not to_device:
             # One CPU replica needs no distribution. tf.distribute would read through a
             # multi-device iterator whose per-device tf.data autotuning thread is not
             # woken when the iterator is deleted: each cycle's iterator then took 7 to
@@ -228,7 +239,7 @@ class Runner:
             return dataset.flat_map(slices)
 
         # Prefetching to the device pays on accelerators only.
-        options = tf.distribute.InputOptions(experimental_fetch_to_device=self._on_accelerator())
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=to_device)
         return self.strategy.distribute_datasets_from_function(dataset_fn, options)
 
     def _on_accelerator(self) -> bool:
