@@ -419,12 +419,12 @@ def run(run_dir: str, should_stop) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    run_dir = flags.FLAGS.run_dir
-    parent = os.getppid()
+    run_dir, trainer = flags.FLAGS.run_dir, flags.FLAGS.trainer_pid
 
     def trainer_gone() -> bool:
-        # Reparented: the trainer died without stopping us (e.g. kill -9).
-        return os.getppid() != parent or not tf.io.gfile.exists(run_dir)
+        # Reparented: the trainer died without stopping us (e.g. kill -9). Its pid
+        # comes from the trainer itself: one read here could come after its death.
+        return os.getppid() != trainer or not tf.io.gfile.exists(run_dir)
 
     # Ctrl-C in a terminal reaches the whole process group: the trainer decides what
     # happens, and stops this process itself (SIGTERM) once it has.
@@ -433,7 +433,7 @@ def main(argv: list[str]) -> None:
         run(run_dir, trainer_gone)
     except ProducerStopped:
         logging.info("Trainer is gone; producer exits")
-        if os.getppid() != parent and tf.io.gfile.exists(run_dir):
+        if os.getppid() != trainer and tf.io.gfile.exists(run_dir):
             tf.io.gfile.rmtree(run_dir)  # nobody else will clean up
         sys.exit(0)
     except (OSError, tf.errors.OpError) as error:
@@ -444,4 +444,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     flags.DEFINE_string("run_dir", None, "Run folder shared with the trainer.", required=True)
+    flags.DEFINE_integer("trainer_pid", None, "The trainer that started this.", required=True)
     app.run(main)

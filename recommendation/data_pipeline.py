@@ -115,6 +115,7 @@ class ProducerHandle:
                         "-m",
                         "recommendation.data_async_generation",
                         f"--run_dir={self.run_dir}",
+                        f"--trainer_pid={os.getpid()}",
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,

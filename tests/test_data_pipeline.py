@@ -322,3 +322,27 @@ def test_a_start_interrupted_before_the_producer_is_up_leaves_nothing(cache_path
             pytest.fail("the producer started although a stop was pending")
     assert producer._process.poll() is not None  # started, then stopped
     assert os.listdir(tmp_path) == []
+
+
+def test_a_producer_whose_trainer_is_already_gone_cleans_up_and_exits(tmp_path):
+    # The trainer can die (kill -9) before the producer it started has even looked at
+    # its parent; the producer must not take whoever adopted it for its trainer.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no process's parent any more
+    producer = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recommendation.data_async_generation",
+            f"--run_dir={run_dir}",
+            f"--trainer_pid={gone.pid}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert producer.returncode == 0, producer.stderr[-2000:]
+    assert not run_dir.exists()
