@@ -49,7 +49,7 @@ from recommendation import (  # noqa: E402
 )
 from recommendation.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.ncf_common import NcfConfig  # noqa: E402
-from recommendation.online import versioned_export  # noqa: E402
+from recommendation.online import sources, versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,9 +243,7 @@ class _ExportWatcher(threading.Thread):
                         position = versioned_export.read_info(path)["position"]
                     except (tf.errors.NotFoundError, FileNotFoundError):
                         continue  # already replaced by a newer one
-                    # A Redis position is {"id": last entry read, "dead_letters": n}.
-                    stream_id = position["id"] if isinstance(position, dict) else position
-                    self.seen.append((time.time(), stream_id))
+                    self.seen.append((time.time(), sources.redis_entry_id(position)))
             time.sleep(0.02)
 
 

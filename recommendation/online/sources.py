@@ -435,6 +435,12 @@ def _parse_line(text: bytes, is_csv: bool) -> tuple[int, int, int]:
     return parse_event(text.split(b",") if is_csv else text)
 
 
+def redis_entry_id(position: dict | str | None) -> str | None:
+    """The last entry id a `RedisSource` position holds (earlier versions stored the
+    bare id; None: nothing read yet)."""
+    return position["id"] if isinstance(position, dict) else position
+
+
 def _stream_id(value: str | bytes) -> tuple[int, int]:
     text = value.decode() if isinstance(value, bytes) else value
     milliseconds, _, sequence = text.partition("-")
@@ -499,10 +505,8 @@ class RedisSource:
 
     def restore(self, position: dict | str | None) -> None:
         """Resumes after `position` (also the bare entry id of earlier versions)."""
-        if isinstance(position, dict):
-            entry_id, self.dead_letters = position["id"], position["dead_letters"]
-        else:
-            entry_id, self.dead_letters = position, 0
+        entry_id = redis_entry_id(position)
+        self.dead_letters = position["dead_letters"] if isinstance(position, dict) else 0
         self._after = _stream_id(entry_id) if entry_id else None
         self._pending_cursor = "0"
 
@@ -616,7 +620,7 @@ class RedisSource:
 
     def commit(self, position: dict | str | None) -> None:
         """Acknowledges every delivered entry up to `position` (the checkpointed one)."""
-        entry_id = position["id"] if isinstance(position, dict) else position
+        entry_id = redis_entry_id(position)
         if not entry_id:
             return
         last = _stream_id(entry_id)

@@ -27,7 +27,7 @@ def os_message(error: Exception) -> str:
     return re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]", "", message).strip().splitlines()[0]
 
 
-def os_reason(error: Exception) -> str:
+def _os_reason(error: Exception) -> str:
     """Just the operating system's words in an I/O error ("No space left on device")."""
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
@@ -51,7 +51,7 @@ def write_failure(error: Exception, what: str, folder: str, flag: str) -> str:
             f"there or pass {flag} with a folder on a disk with room"
         )
     return (
-        f"cannot write {what} in {folder}: {os_reason(error)}; pass {flag} with a writable folder"
+        f"cannot write {what} in {folder}: {_os_reason(error)}; pass {flag} with a writable folder"
     )
 
 

@@ -47,10 +47,6 @@ class Interrupted(Exception):
         self.kept = ""
 
     @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
     def exit_code(self) -> int:
         """The status a shell reports for a process ended by this signal."""
         return 128 + self.signum
