@@ -33,8 +33,9 @@ from recommendation.data_preprocessing import PreprocessedData
 from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams, RecordField
 
 # Stream tags of `stat_utils.rng_for`, one per kind of random work.
-_NEGATIVES, _SHUFFLE, _EVAL = 1, 2, 3
+_NEGATIVES, _SHUFFLE, _EVAL, _BUCKET = 1, 2, 3, 4
 _CHUNK = 1 << 20  # sampling work unit (points); fixed so output ignores worker count
+_SHUFFLE_BUCKETS = 64  # output ranges of the scatter shuffle; fixed for the same reason
 _EVAL_CHUNK_USERS = 4096
 
 
@@ -67,27 +68,77 @@ def training_epoch(
     seed: int,
     epoch: int,
     pool: concurrent.futures.Executor,
+    chunk_points: int = _CHUNK,
 ) -> TrainingEpoch:
     """Samples negatives for every training positive and shuffles the epoch.
 
     Negatives are drawn uniformly from the items the user has no training
     interaction with (the held-out item may be drawn, as in the reference).
+
+    The shuffle is a scatter shuffle, so every stage runs in parallel: each chunk of
+    points sends each point to one of `_SHUFFLE_BUCKETS` output ranges drawn
+    uniformly, then each range is permuted on its own. Every outcome of that is
+    equally likely (a uniform permutation), and each draw is keyed by its chunk or
+    range, so the bytes do not depend on the number of workers. `chunk_points` is
+    the work unit (a fixed constant in production; tests make it small).
     """
     positive_users = data.train_users()
     negative_users = np.repeat(positive_users, num_neg)  # user-major: cache-friendly lookups
-    chunks = range(0, len(negative_users), _CHUNK)
+    num_positives = len(positive_users)
+    num_points = num_positives + len(negative_users)
+    starts = range(0, num_points, chunk_points)
 
-    def sample(start: int) -> np.ndarray:
-        rng = stat_utils.rng_for(seed, _NEGATIVES, epoch, start // _CHUNK)
-        return exclusion.sample(rng, negative_users[start : start + _CHUNK])
+    def scatter(index: int, start: int) -> _ScatteredChunk:
+        stop = min(start + chunk_points, num_points)
+        users, items, labels = [], [], []
+        if start < num_positives:  # the chunk's positives
+            end = min(stop, num_positives)
+            users.append(positive_users[start:end])
+            items.append(data.train_items[start:end])
+            labels.append(np.ones(end - start, dtype=bool))
+        if stop > num_positives:  # its negatives
+            begin = max(start, num_positives) - num_positives
+            chunk_users = negative_users[begin : stop - num_positives]
+            rng = stat_utils.rng_for(seed, _NEGATIVES, epoch, index)
+            users.append(chunk_users)
+            items.append(exclusion.sample(rng, chunk_users))
+            labels.append(np.zeros(len(chunk_users), dtype=bool))
+        bucket = stat_utils.rng_for(seed, _BUCKET, epoch, index).integers(
+            0, _SHUFFLE_BUCKETS, stop - start, dtype=np.uint8
+        )
+        order = np.argsort(bucket, kind="stable")
+        counts = np.bincount(bucket, minlength=_SHUFFLE_BUCKETS)
+        return _ScatteredChunk(
+            columns=[np.concatenate(column)[order] for column in (users, items, labels)],
+            bounds=np.concatenate([[0], np.cumsum(counts)]),
+        )
 
-    negative_items = np.concatenate(list(pool.map(sample, chunks)) or [np.empty(0, np.int32)])
-    num_points = len(positive_users) + len(negative_users)
-    order = stat_utils.rng_for(seed, _SHUFFLE, epoch).permutation(num_points)
-    users = np.concatenate([positive_users, negative_users])[order]
-    items = np.concatenate([data.train_items, negative_items])[order]
-    labels = order < len(positive_users)
-    return TrainingEpoch(users=users, items=items, labels=labels)
+    chunks = list(pool.map(scatter, range(len(starts)), starts))
+    sizes = np.sum([np.diff(chunk.bounds) for chunk in chunks], axis=0, dtype=np.int64)
+    bucket_bounds = np.concatenate([[0], np.cumsum(sizes)])
+    columns = [np.empty(num_points, np.int32), np.empty(num_points, np.int32)]
+    columns.append(np.empty(num_points, bool))
+
+    def permute(bucket: int) -> None:
+        order = stat_utils.rng_for(seed, _SHUFFLE, epoch, bucket).permutation(sizes[bucket])
+        target = slice(bucket_bounds[bucket], bucket_bounds[bucket + 1])
+        for column, out in enumerate(columns):
+            gathered = np.concatenate(
+                [c.columns[column][c.bounds[bucket] : c.bounds[bucket + 1]] for c in chunks]
+            )
+            out[target] = gathered[order]
+
+    list(pool.map(permute, range(_SHUFFLE_BUCKETS if chunks else 0)))
+    return TrainingEpoch(users=columns[0], items=columns[1], labels=columns[2])
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScatteredChunk:
+    """One chunk's points (users, items, labels) ordered by output range;
+    range ``b`` holds rows ``bounds[b] .. bounds[b + 1]``."""
+
+    columns: list[np.ndarray]
+    bounds: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,31 +162,40 @@ class EvalBlocks:
         return self.items.shape[1]
 
 
-def eval_blocks(data: PreprocessedData, num_eval_negatives: int, seed: int) -> EvalBlocks:
-    """Builds every user's evaluation block.
+def eval_blocks(
+    data: PreprocessedData,
+    num_eval_negatives: int,
+    seed: int,
+    pool: concurrent.futures.Executor,
+) -> EvalBlocks:
+    """Builds every user's evaluation block, a chunk of users per task.
 
     Sampled negatives come uniformly, with replacement, from the items the user never
     interacted with (training or held out). Datasets with fixed negatives (the NCF
     paper's split) use them as given.
     """
     users = np.arange(data.num_users, dtype=np.int32)
-    if data.eval_negatives is not None:
-        negatives = data.eval_negatives.astype(np.int32)
-    else:
-        exclusion = _all_interactions(data)
-        negatives = np.empty((data.num_users, num_eval_negatives), dtype=np.int32)
-        for start in range(0, data.num_users, _EVAL_CHUNK_USERS):
-            chunk = users[start : start + _EVAL_CHUNK_USERS]
+    exclusion = _all_interactions(data) if data.eval_negatives is None else None
+    block = 1 + (num_eval_negatives if exclusion is not None else data.eval_negatives.shape[1])
+    items = np.empty((data.num_users, block), dtype=np.int32)
+    mask = np.empty((data.num_users, block), dtype=bool)
+
+    def build(start: int) -> None:
+        chunk = users[start : start + _EVAL_CHUNK_USERS]
+        if exclusion is None:
+            negatives = data.eval_negatives[chunk].astype(np.int32)
+        else:
             rng = stat_utils.rng_for(seed, _EVAL, start // _EVAL_CHUNK_USERS)
-            flat = exclusion.sample(rng, np.repeat(chunk, num_eval_negatives))
-            negatives[start : start + len(chunk)] = flat.reshape(len(chunk), -1)
-    # The positive goes first while masking, so a negative equal to it is the one
-    # masked, then moves to the last column.
-    items = np.concatenate([data.eval_items[:, None].astype(np.int32), negatives], axis=1)
-    mask = stat_utils.mask_duplicates(items)
-    return EvalBlocks(
-        users=users, items=np.roll(items, -1, axis=1), duplicate_mask=np.roll(mask, -1, axis=1)
-    )
+            negatives = exclusion.sample(rng, np.repeat(chunk, num_eval_negatives))
+            negatives = negatives.reshape(len(chunk), num_eval_negatives)
+        # The positive goes first while masking, so a negative equal to it is the one
+        # masked, then moves to the last column.
+        rows = np.concatenate([data.eval_items[chunk, None].astype(np.int32), negatives], axis=1)
+        items[chunk] = np.roll(rows, -1, axis=1)
+        mask[chunk] = np.roll(stat_utils.mask_duplicates(rows), -1, axis=1)
+
+    list(pool.map(build, range(0, data.num_users, _EVAL_CHUNK_USERS)))
+    return EvalBlocks(users=users, items=items, duplicate_mask=mask)
 
 
 def _all_interactions(data: PreprocessedData) -> stat_utils.ExclusionIndex:
@@ -293,7 +353,7 @@ class Producer:
         self._progress("sampling evaluation negatives")
         start = time.monotonic()
         self.mlperf.event("input_step_eval_neg_gen")
-        blocks = eval_blocks(data, params.num_eval_negatives, params.seed)
+        blocks = eval_blocks(data, params.num_eval_negatives, params.seed, pool)
         self.mlperf.event("preproc_hp_num_eval", blocks.block_size - 1)
         # Sampled negatives are drawn with replacement; fixed ones are used as given.
         self.mlperf.event("preproc_hp_sample_eval_replacement", data.eval_negatives is None)

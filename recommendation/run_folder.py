@@ -259,6 +259,9 @@ def encode_record(arrays: Mapping[str, np.ndarray], spec: Mapping[str, RecordFie
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
+# No tensor-dependent control flow to convert; autograph fails on the comprehension's
+# closure ("closure mismatch") and warns at every input pipeline built.
+@tf.autograph.experimental.do_not_convert
 def decode_record(record: tf.Tensor, spec: Mapping[str, RecordField]) -> dict[str, tf.Tensor]:
     """The arrays of `record` (from `encode_record`), with their static shapes."""
     parsed = tf.io.parse_single_example(

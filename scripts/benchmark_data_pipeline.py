@@ -1,13 +1,17 @@
 """Benchmark of negative generation and the TFRecord pipeline.
 
-For each ratings file: training points generated per second for one epoch (every
-positive plus --num_neg negatives, shuffled), the time to write that epoch as one
-cycle of batch-serialised shards and to read it back through `train_input_fn`, and
-the time to build the evaluation set. With --peer_log, the Model Garden's "Epoch
+For each ratings file and each --workers count (the producer's worker threads): the
+time to generate one training epoch (every positive plus --num_neg negatives,
+shuffled), to write it as one cycle of batch-serialised shards, and to build the
+evaluation set; then, once per file, the time to read the cycle back through
+`train_input_fn` in this one process. Each worker count's epoch is checked to be
+byte-identical to the first's. The scaling table gives each count's speed-up over
+the first, and the cores the producer would need for --target_points_per_s at the
+last count's speed per worker. With --peer_log, the Model Garden's "Epoch
 construction complete" times are parsed from a log of
 ``../shared/peer/ncf_official.sh run`` on the same data and printed beside ours.
 
-    python scripts/benchmark_data_pipeline.py \
+    python scripts/benchmark_data_pipeline.py --workers 1 --workers 2 \
         --ratings ../shared/data/ml-1m/ratings.dat --ratings /tmp/bench/ml-20m/ratings.csv
 """
 
@@ -21,6 +25,7 @@ import statistics
 import tempfile
 import time
 
+from official.utils.misc import cpu_info
 from recommendation import data_async_generation as generation
 from recommendation import data_pipeline, data_preprocessing, run_folder, stat_utils
 from recommendation.data_preprocessing import DataConfig
@@ -40,9 +45,15 @@ def _prepare(ratings: str, work_dir: str) -> data_preprocessing.PreprocessedData
     return data_preprocessing.load_or_build(config).data
 
 
-def measure(ratings: str, batch_size: int, num_neg: int, workers: int, work_dir: str) -> dict:
-    data = _prepare(ratings, work_dir)
-    row = {"file": ratings, "positives": data.num_train_positives}
+def measure(
+    data: data_preprocessing.PreprocessedData,
+    batch_size: int,
+    num_neg: int,
+    workers: int,
+    work_dir: str,
+) -> tuple[dict, generation.TrainingEpoch]:
+    """One epoch generated, written as one cycle and the eval set built, on `workers`."""
+    row = {"workers": workers, "positives": data.num_train_positives}
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         start = time.perf_counter()
         exclusion = stat_utils.ExclusionIndex.from_csr(
@@ -66,16 +77,28 @@ def measure(ratings: str, batch_size: int, num_neg: int, workers: int, work_dir:
         )
         generation.close_writers(writers)
         row["write_s"] = time.perf_counter() - start
-        del epoch
-        info = run_folder.CycleInfo(0, folder, 1, num_batches, batch_size, run_folder.NUM_SHARDS)
+        row["cycle"] = run_folder.CycleInfo(
+            0, folder, 1, num_batches, batch_size, run_folder.NUM_SHARDS
+        )
         start = time.perf_counter()
-        for _ in data_pipeline.train_input_fn(info):
-            pass
-        row["read_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        generation.eval_blocks(data, 999, seed=0)
+        generation.eval_blocks(data, 999, seed=0, pool=pool)
         row["eval_s"] = time.perf_counter() - start
-    return row
+    return row, epoch
+
+
+def read_seconds(cycle: run_folder.CycleInfo) -> float:
+    """Seconds to read every batch of `cycle` through `train_input_fn`."""
+    start = time.perf_counter()
+    for _ in data_pipeline.train_input_fn(cycle):
+        pass
+    return time.perf_counter() - start
+
+
+def _same_epoch(a: generation.TrainingEpoch, b: generation.TrainingEpoch) -> bool:
+    return all(
+        getattr(a, field).tobytes() == getattr(b, field).tobytes()
+        for field in ("users", "items", "labels")
+    )
 
 
 def peer_epoch_seconds(log_path: str) -> list[float]:
@@ -102,31 +125,72 @@ def main() -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        default=run_folder.DEFAULT_NUM_WORKERS,
+        action="append",
+        help="producer worker threads; repeat to compare (default: the producer's "
+        f"{run_folder.DEFAULT_NUM_WORKERS} here)",
     )
+    parser.add_argument("--target_points_per_s", type=float, default=40e6)
     parser.add_argument("--peer_log", help="log of the Model Garden NCF on ML-1M")
     args = parser.parse_args()
+    worker_counts = args.workers or [run_folder.DEFAULT_NUM_WORKERS]
+    print(f"cpu: {cpu_info.describe()}; {os.cpu_count()} cores")
     rows = []
     for ratings in args.ratings:
         with tempfile.TemporaryDirectory() as work_dir:
-            rows.append(measure(ratings, args.batch_size, args.num_neg, args.workers, work_dir))
+            data = _prepare(ratings, work_dir)
+            first_epoch = None
+            for workers in worker_counts:
+                row, epoch = measure(data, args.batch_size, args.num_neg, workers, work_dir)
+                row["file"] = ratings
+                row["identical"] = first_epoch is None or _same_epoch(first_epoch, epoch)
+                first_epoch = first_epoch or epoch
+                del epoch
+                rows.append(row)
+            del first_epoch
+            rows[-1]["read_s"] = read_seconds(rows[-1]["cycle"])
     header = (
-        f"{'file':<45} {'points':>11} {'index s':>8} {'epoch s':>8} {'Mpts/s':>7} "
-        f"{'write s':>8} {'read s':>7} {'read Mpts/s':>11} {'eval s':>7}"
+        f"{'file':<40} {'workers':>7} {'points':>11} {'index s':>8} {'epoch s':>8} "
+        f"{'Mpts/s':>7} {'write s':>8} {'eval s':>7} {'same bytes':>10}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         print(
-            f"{row['file'][-45:]:<45} {row['points']:>11,} {row['index_s']:>8.2f} "
-            f"{row['epoch_s']:>8.2f} {row['points'] / row['epoch_s'] / 1e6:>7.2f} "
-            f"{row['write_s']:>8.2f} {row['read_s']:>7.2f} "
-            f"{row['points'] / row['read_s'] / 1e6:>11.2f} {row['eval_s']:>7.2f}"
+            f"{row['file'][-40:]:<40} {row['workers']:>7} {row['points']:>11,} "
+            f"{row['index_s']:>8.2f} {row['epoch_s']:>8.2f} "
+            f"{row['points'] / row['epoch_s'] / 1e6:>7.2f} {row['write_s']:>8.2f} "
+            f"{row['eval_s']:>7.2f} {'yes' if row['identical'] else 'NO':>10}"
+        )
+    print()
+    print("scaling (epoch = generate + write; against the first worker count):")
+    for ratings in args.ratings:
+        mine = [row for row in rows if row["file"] == ratings]
+        base = mine[0]
+        for row in mine[1:]:
+            speedup = (base["epoch_s"] + base["write_s"]) / (row["epoch_s"] + row["write_s"])
+            eval_speedup = base["eval_s"] / row["eval_s"]
+            workers_ratio = row["workers"] / base["workers"]
+            print(
+                f"  {ratings[-40:]}: {row['workers']} vs {base['workers']} workers: epoch "
+                f"{speedup:.2f}x (efficiency {speedup / workers_ratio:.0%}), eval set "
+                f"{eval_speedup:.2f}x"
+            )
+        last = mine[-1]
+        per_worker = last["points"] / (last["epoch_s"] + last["write_s"]) / last["workers"]
+        print(
+            f"  {ratings[-40:]}: {per_worker / 1e6:.2f} M points/s per worker at "
+            f"{last['workers']}; {args.target_points_per_s / 1e6:.0f} M points/s would need "
+            f"{args.target_points_per_s / per_worker:.1f} such cores; reading back in one "
+            f"process: {last['points'] / last['read_s'] / 1e6:.2f} M points/s "
+            f"({last['points'] / last['read_s'] / args.target_points_per_s:.2f}x the target)"
         )
     ml20m = [row for row in rows if row["points"] > 50e6]
     for row in ml20m:
         verdict = "met" if row["epoch_s"] < 60 else "NOT met"
-        print(f"target: ml-20m-shaped epoch in under 60 s: {row['epoch_s']:.1f} s ({verdict})")
+        print(
+            f"target: ml-20m-shaped epoch in under 60 s ({row['workers']} workers): "
+            f"{row['epoch_s']:.1f} s ({verdict})"
+        )
     if args.peer_log:
         peer = peer_epoch_seconds(args.peer_log)
         ours = next(row for row in rows if row["points"] < 50e6)

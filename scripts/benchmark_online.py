@@ -21,6 +21,7 @@ group. The load average is printed beside the numbers: the machine is shared.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -120,7 +121,8 @@ def _split(ratings_path: str, work_dir: str, seed: int):
         dataset=movielens.ML_1M, data_dir=data_dir, cache_dir=os.path.join(work_dir, "cache")
     )
     data = data_preprocessing.load_or_build(config).data
-    blocks = data_async_generation.eval_blocks(data, 999, seed)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        blocks = data_async_generation.eval_blocks(data, 999, seed, pool)
     events = replay_events.load_events(ratings_path, movielens.DAT_FORMAT)
     held_out = data.user_ids.astype(np.int64) * 10**7 + data.item_ids[data.eval_items]
     keep = ~np.isin(events[:, 0] * 10**7 + events[:, 1], held_out)

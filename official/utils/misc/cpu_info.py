@@ -1,0 +1,45 @@
+"""What CPU a benchmark ran on: its model name and the vector ISA extensions it has.
+
+The machines benchmarks run on change between sessions (AMD without AVX-512 one
+time, Intel with AMX another), so every benchmark table names the CPU behind it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+
+# The ISA flags that change how fast TensorFlow's and NumPy's kernels run.
+_VECTOR_FLAGS = {"sse4_2", "avx", "avx2", "fma", "avx_vnni"}
+_VECTOR_FAMILIES = ("avx512", "amx")
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    isa: str  # the vector flags, space-separated, as /proc/cpuinfo spells them
+
+    def __str__(self) -> str:
+        return f"{self.model}; ISA: {self.isa}"
+
+
+def describe(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
+    """The first processor's model name and vector flags (the platform's name where
+    /proc/cpuinfo is missing)."""
+    try:
+        with open(cpuinfo_path) as stream:
+            text = stream.read()
+    except OSError:
+        return CpuInfo(model=platform.processor() or platform.machine(), isa="unknown")
+    fields = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = [
+        flag
+        for flag in fields.get("flags", "").split()
+        if flag in _VECTOR_FLAGS or flag.startswith(_VECTOR_FAMILIES)
+    ]
+    return CpuInfo(
+        model=fields.get("model name", platform.machine()), isa=" ".join(flags) or "none"
+    )
