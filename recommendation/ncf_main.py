@@ -412,6 +412,8 @@ def _report(
         hr=evaluation["hr"],
         ndcg=evaluation["ndcg"],
         examples_per_second=rate,
+        train_seconds=train["seconds"],
+        eval_seconds=evaluation["seconds"],
         global_step=runner.global_step,
     )
 

@@ -243,26 +243,54 @@ class NeuMF(keras.Model):
         return self.num_users + self.num_items < 2 * batch_size
 
     def _first_layer_from_tables(self, users, items):
-        tables = [
-            keras.ops.cast(embedding.embeddings[:, self.mf_dim :], self.compute_dtype)
-            for embedding in (self.user_embedding, self.item_embedding)
-        ]
-        user_table, item_table = self._first_layer_terms(*tables)
+        user_table, item_table = (
+            self._first_layer_term(self._table_rows(embedding)[:, self.mf_dim :], side)
+            for side, embedding in enumerate((self.user_embedding, self.item_embedding))
+        )
         return self._first_layer_output(
             keras.ops.take(user_table, users, axis=0), keras.ops.take(item_table, items, axis=0)
         )
 
-    def _first_layer_terms(self, user_mlp, item_mlp):
-        """``u W_u`` and ``i W_i``: the user and item halves of the first MLP layer."""
+    def _table_rows(self, embedding: keras.layers.Embedding):
+        return keras.ops.cast(embedding.embeddings, self.compute_dtype)
+
+    def _first_layer_term(self, rows, side: int):
+        """``u W_u`` (side 0) or ``i W_i`` (side 1): one half of the first MLP layer."""
         half = self.layer_sizes[0] // 2
         kernel = keras.ops.cast(self.mlp[0].kernel, self.compute_dtype)
-        return keras.ops.matmul(user_mlp, kernel[:half]), keras.ops.matmul(item_mlp, kernel[half:])
+        return keras.ops.matmul(rows, kernel[half:] if side else kernel[:half])
 
     def _first_layer_output(self, user_term, item_term):
         first = self.mlp[0]
         return first.activation(
             user_term + item_term + keras.ops.cast(first.bias, self.compute_dtype)
         )
+
+    def _score_grid(self, user, item, item_term=None):
+        """Logits `(U, N)` of user rows `(U, 1, width)` against item rows `(U or 1, N,
+        width)`; `item_term`, when given, is the item half of the first MLP layer for
+        `item` (whose rows then need only their GMF part)."""
+        gmf = self.gmf(user[..., : self.mf_dim], item[..., : self.mf_dim])
+        if self.mlp:
+            if item_term is None:
+                item_term = self._first_layer_term(item[..., self.mf_dim :], 1)
+            mlp = self._first_layer_output(
+                self._first_layer_term(user[..., self.mf_dim :], 0), item_term
+            )
+            for layer in self.mlp[1:]:
+                mlp = layer(mlp)
+        else:
+            shape = keras.ops.shape(gmf)[:2]
+            mlp = keras.ops.concatenate(
+                [
+                    keras.ops.broadcast_to(
+                        part[..., self.mf_dim :], (*shape, part.shape[-1] - self.mf_dim)
+                    )
+                    for part in (user, item)
+                ],
+                axis=-1,
+            )
+        return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))[..., 0]
 
     def score_all_items(self, users):
         """Logits of every item for each of `users`: what top-k recommendation needs.
@@ -277,26 +305,33 @@ class NeuMF(keras.Model):
             `(batch, num_items)` logits in the compute dtype.
         """
         user = self.user_embedding(users)[:, None, :]
-        items = keras.ops.cast(self.item_embedding.embeddings, self.compute_dtype)[None]
-        gmf = self.gmf(user[..., : self.mf_dim], items[..., : self.mf_dim])
-        if self.mlp:
-            mlp = self._first_layer_output(
-                *self._first_layer_terms(user[..., self.mf_dim :], items[..., self.mf_dim :])
+        return self._score_grid(user, self._table_rows(self.item_embedding)[None])
+
+    def score_blocks(self, users, items):
+        """Logits of each user's block of items: what evaluation needs.
+
+        The same function of the weights as `call` on every (user, item) pair, but each
+        user's row goes through the first MLP layer once per block, and the item table
+        (when made here and smaller than the batch) once per call: at the MLPerf ml-20m
+        size that is 1.6x fewer FLOPs than `call` on the flattened pairs.
+
+        Args:
+            users: `(users,)` int32 user indexes.
+            items: `(users, block)` int32 item indexes.
+        Returns:
+            `(users, block)` logits in the compute dtype.
+        """
+        user = self.user_embedding(users)[:, None, :]
+        points = None if None in items.shape else items.shape[0] * items.shape[1]
+        if self.mlp and self.num_items is not None and points and self.num_items < points:
+            table = self._table_rows(self.item_embedding)
+            item_term = self._first_layer_term(table[:, self.mf_dim :], 1)
+            return self._score_grid(
+                user,
+                keras.ops.take(table[:, : self.mf_dim], items, axis=0),
+                keras.ops.take(item_term, items, axis=0),
             )
-            for layer in self.mlp[1:]:
-                mlp = layer(mlp)
-        else:
-            shape = keras.ops.shape(gmf)[:2]
-            mlp = keras.ops.concatenate(
-                [
-                    keras.ops.broadcast_to(
-                        part[..., self.mf_dim :], (*shape, part.shape[-1] - self.mf_dim)
-                    )
-                    for part in (user, items)
-                ],
-                axis=-1,
-            )
-        return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))[..., 0]
+        return self._score_grid(user, self.item_embedding(items))
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -537,8 +572,9 @@ def _train_spec(features, labels, params: ModelParams, state: ModelState) -> Mod
 
 def _eval_spec(features, params: ModelParams, state: ModelState) -> ModelSpec:
     block = params.eval_block_size
-    logits = tf.cast(state.model(features, training=False)[:, 0], tf.float32)
-    logits = tf.reshape(logits, [-1, block])
+    users = tf.reshape(features[constants.USER_COLUMN], [-1, block])[:, 0]
+    items = tf.reshape(features[constants.ITEM_COLUMN], [-1, block])
+    logits = tf.cast(state.model.score_blocks(users, items), tf.float32)
     duplicates = tf.reshape(features[constants.DUPLICATE_MASK], [-1, block])
     valid_users = tf.reshape(features[constants.VALID_POINT_MASK], [-1, block])[:, 0]
     hit, ndcg = compute_hr_ndcg(logits, duplicates, params.top_k)

@@ -404,6 +404,23 @@ def test_scoring_all_items_equals_scoring_each_pair(layers):
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "num_items, layers",
+    [(11, (8, 6, 4)), (400, (8, 6, 4)), (11, (8,))],
+    ids=["item_table_projected", "item_rows_projected", "embedding_concatenation_only"],
+)
+def test_scoring_blocks_equals_scoring_each_pair(num_items, layers):
+    """Evaluation's block scoring is `call` on the flattened pairs, whether the item
+    table (11 rows < 12 points) or the looked-up rows (400 > 12) are projected."""
+    params = _params(num_items=num_items, layers=layers, mlp_regularization=(0.0,) * len(layers))
+    model = neumf_model.build_model(params)
+    rng = np.random.default_rng(3)
+    users, items = np.array([6, 0, 3]), rng.integers(0, num_items, (3, 4))
+    logits = model.score_blocks(tf.constant(users, tf.int32), tf.constant(items, tf.int32))
+    expected = model(_features(np.repeat(users, 4), items.reshape(-1)))[:, 0]
+    np.testing.assert_allclose(logits, tf.reshape(expected, [3, 4]), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_mixed_precision_steps_keep_float32_variables(dtype):
     params = _params(dtype=dtype, mlp_regularization=(0.0, 0.0, 0.0))
