@@ -30,7 +30,7 @@ fi
   echo "# Accelerator check ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
   echo
   echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-  echo "CPU: $("$PYTHON" -c 'from official.utils.misc import cpu_info; print(cpu_info.describe())'), $(nproc) cores"
+  echo "CPU: $("$PYTHON" -c 'from official.utils.misc import machine; print(machine.describe_cpu())'), $(nproc) cores"
   echo
   echo "| check | result |"
   echo "| --- | --- |"

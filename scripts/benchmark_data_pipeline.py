@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 
-from official.utils.misc import cpu_info
+from official.utils.misc import machine
 from recommendation import data_async_generation as generation
 from recommendation import data_pipeline, data_preprocessing, run_folder, stat_utils
 from recommendation.data_preprocessing import DataConfig
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--peer_log", help="log of the Model Garden NCF on ML-1M")
     args = parser.parse_args()
     worker_counts = args.workers or [run_folder.DEFAULT_NUM_WORKERS]
-    print(f"cpu: {cpu_info.describe()}; {os.cpu_count()} cores")
+    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
     rows = []
     for ratings in args.ratings:
         with tempfile.TemporaryDirectory() as work_dir:

@@ -31,7 +31,7 @@ import threading
 import time
 
 from official.utils.logs.logger import BENCHMARK_LOG_FILE
-from official.utils.misc import cpu_info
+from official.utils.misc import machine
 from recommendation import data_preprocessing
 from recommendation.data_preprocessing import DataConfig
 
@@ -39,18 +39,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGFILE = os.path.join(ROOT, "scripts", "mlperf_ml20m.flags")
 FLAGFILE_EPOCHS = 14
 _TARGETS = {"rss_gib": 12.0, "wait_fraction": 0.05, "eval_s": 120.0}
-
-
-def _peak_rss_bytes(pid: int) -> int | None:
-    """VmHWM (peak resident set) of a live process, or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class _Watch(threading.Thread):
@@ -77,7 +65,7 @@ class _Watch(threading.Thread):
                 if found:
                     self.producer_pid, self.producer_log_path = int(found[1]), found[2]
             for name, pid in (("trainer", self.trainer_pid), ("producer", self.producer_pid)):
-                rss = _peak_rss_bytes(pid) if pid else None
+                rss = machine.peak_rss_bytes(pid) if pid else None
                 if rss:
                     self.peak[name] = max(self.peak[name], rss)
             if self.producer_log_path:
@@ -139,7 +127,7 @@ def main() -> None:
     if not os.path.exists(link):
         os.symlink(os.path.abspath(args.ratings), link)
 
-    print(f"cpu: {cpu_info.describe()}; {os.cpu_count()} cores")
+    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
     cold_s, cached_s = _preprocessing_seconds(data_dir, cache_dir)
     command = [
         sys.executable,

@@ -38,6 +38,8 @@ import time
 import numpy as np
 import pandas as pd
 
+from official.utils.misc import machine  # no TensorFlow import
+
 MIN_NUM_RATINGS = 20  # the reference's rconst.MIN_NUM_RATINGS
 # The reference's rconst.USER_DTYPE / ITEM_DTYPE.
 REFERENCE_USER_DTYPE = np.int32
@@ -282,7 +284,7 @@ def run_child(
     with open(log_path, "wb") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         if not _wait_working(child, result_path + ".progress", timeout):
-            peak = _peak_rss_of(child.pid)
+            peak = machine.peak_rss_bytes(child.pid)
             child.kill()
             child.wait()
             return _timed_out(method, result_path, peak)
@@ -323,18 +325,6 @@ def _progress_events(progress_path: str) -> dict[str, dict]:
                     fields = json.loads(line)
                     events[fields["event"]] = fields
     return events
-
-
-def _peak_rss_of(pid: int) -> int | None:
-    """A running process's peak RSS in bytes (VmHWM), or None if unreadable."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _timed_out(method: str, result_path: str, peak: int | None) -> MethodResult:
@@ -430,6 +420,7 @@ def report(results: dict[str, MethodResult], ratings: str, dataset: str) -> None
     """Prints the table, speed ratios, agreement and targets."""
     ours = results["ours"]
     print(f"\nPreprocessing benchmark: {ratings}")
+    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
     print(f"dataset {dataset}, {ours.summary['num_rows']:,} rows, min {MIN_NUM_RATINGS} ratings")
     print()
     print(format_table(list(results.values())))

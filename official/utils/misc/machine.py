@@ -1,7 +1,8 @@
-"""What CPU a benchmark ran on: its model name and the vector ISA extensions it has.
+"""What machine a benchmark ran on, and what its processes used.
 
 The machines benchmarks run on change between sessions (AMD without AVX-512 one
-time, Intel with AMX another), so every benchmark table names the CPU behind it.
+time, Intel with AMX another), so every benchmark table names the CPU behind it:
+its model name and the vector ISA extensions it has.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class CpuInfo:
         return f"{self.model}; ISA: {self.isa}"
 
 
-def describe(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
+def describe_cpu(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
     """The first processor's model name and vector flags (the platform's name where
     /proc/cpuinfo is missing)."""
     try:
@@ -43,3 +44,15 @@ def describe(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
     return CpuInfo(
         model=fields.get("model name", platform.machine()), isa=" ".join(flags) or "none"
     )
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """A running process's peak resident set (VmHWM) in bytes; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
