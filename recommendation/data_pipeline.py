@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -75,7 +76,7 @@ class ProducerHandle:
         self.run_dir = run_folder.new_run_dir(run_root)
         self.use_subprocess = use_subprocess
         self.stall_timeout_sec = stall_timeout_sec
-        self.log_path = os.path.join(self.run_dir, run_folder.PRODUCER_LOG)
+        self.log_path = _producer_log_path(self.run_dir)
         self._process: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
@@ -155,6 +156,8 @@ class ProducerHandle:
             self._thread.join(timeout=60)
         if tf.io.gfile.exists(self.run_dir):
             tf.io.gfile.rmtree(self.run_dir)
+        if not self.log_path.startswith(self.run_dir) and os.path.exists(self.log_path):
+            os.remove(self.log_path)
 
     def _run_in_thread(self) -> None:
         try:
@@ -226,6 +229,16 @@ class ProducerHandle:
             )
         elif self._thread is not None and not self._thread.is_alive():
             raise ProducerError(f"the data producer stopped while the trainer waited for {what}")
+
+
+def _producer_log_path(run_dir: str) -> str:
+    """Where the producer's stdout and stderr go: a file the operating system can append
+    to, so in the run folder when that is local, else (``gs://``) in a local
+    temporary folder, named after the run; removed with the run folder either way."""
+    if atomic.is_local(run_dir):
+        return os.path.join(run_dir, run_folder.PRODUCER_LOG)
+    name = f"{os.path.basename(run_dir)}.{run_folder.PRODUCER_LOG}"
+    return os.path.join(tempfile.gettempdir(), name)
 
 
 def _mtime(path: str) -> int | None:

@@ -51,6 +51,7 @@ from recommendation.data_preprocessing import PreprocessedData
 from recommendation.neumf_model import NeuMF
 
 ONNX_FILE = "model.onnx"
+SAVED_MODEL_FILE = "saved_model.pb"
 USER_IDS_FILE = "user_ids.txt"
 ITEM_IDS_FILE = "item_ids.txt"
 # The ONNX model must give the SavedModel's scores to this absolute tolerance.
@@ -224,8 +225,11 @@ def write_saved_model(
     Everything is written to a temporary sibling folder, which is renamed into place
     only once complete (`atomic.replace_folder`): a reader never sees a partial
     export, and a failure removes the temporary folder and leaves any earlier export
-    untouched. What exports killed mid-way (their process is gone) left is cleaned up
-    by the next export: temporary folders removed, an earlier export put back.
+    untouched. On ``gs://`` the rename is a copy, object by object: there
+    ``saved_model.pb`` is written last (and an earlier export's removed first), so
+    `tf.saved_model.contains_saved_model` is true only of a complete export. What
+    exports killed mid-way (their process is gone) left is cleaned up by the next
+    export: temporary folders removed, an earlier export put back.
 
     Args:
         export_dir: Destination; replaced if it holds an earlier SavedModel.
@@ -241,11 +245,15 @@ def write_saved_model(
     export_dir = export_dir.rstrip("/")
     # Beside a folder the user named, a leftover should be seen: temporaries are
     # visible siblings (``<export_dir>.tmp-<pid>-<token>``).
-    with atomic.replace_folder(export_dir, hidden=False) as temp_dir:
+    # On gs://, where the folder rename is a copy, saved_model.pb (what every SavedModel
+    # reader looks for first) is written last and removed first when replaced.
+    with atomic.replace_folder(export_dir, hidden=False, markers=(SAVED_MODEL_FILE,)) as temp_dir:
         if (
             tf.io.gfile.exists(export_dir)
             and tf.io.gfile.listdir(export_dir)
             and not tf.saved_model.contains_saved_model(export_dir)
+            # An export on gs:// interrupted while replacing this one took it out.
+            and not tf.io.gfile.isdir(os.path.join(export_dir, "variables"))
         ):
             raise ValueError(
                 f"export_dir {export_dir} exists and is not a SavedModel; "

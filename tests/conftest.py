@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterable
 
+import fake_gcs
 import keras
 import pytest
 import redis
@@ -213,6 +214,24 @@ def redis_server(tmp_path):
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory) -> Iterable[fake_gcs.GcsEmulator]:
+    """A real GCS JSON API server (fake-gcs-server behind a TLS proxy) holding an empty
+    bucket ``bucket``, for TensorFlow processes started through its `run` (they see
+    www.googleapis.com and storage.googleapis.com on loopback); skipped, with the
+    reason, where the private mount namespace or port 443 cannot be had."""
+    reason = fake_gcs.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    emulator = fake_gcs.GcsEmulator(str(tmp_path_factory.mktemp("gcs")))
+    emulator.start()
+    try:
+        emulator.create_bucket("bucket")
+        yield emulator
+    finally:
+        emulator.stop()
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,6 +7,14 @@ written under a hidden temporary name in the same folder and renamed into place
 half-written; versions beyond `keep` are renamed aside (hidden) before they are
 deleted (`atomic.remove_folder`), so they vanish at once too.
 
+A version is complete when its ``export_info.json`` is there, and `versions` lists only
+those. On a local path that is the same as the folder being there. On ``gs://``, where
+a folder rename is a copy object by object, it is not: there ``saved_model.pb`` and
+then ``export_info.json`` are written last, once every other file of the version is
+in place (`MARKERS`), and removed first when a version is pruned; a reader of
+``gs://`` must go by `versions` / `latest_export` (a poller that loads the highest
+numeric folder can meet one being copied; it has no ``saved_model.pb`` yet).
+
 Versions only ever increase, across restarts too: a version is the training step, or
 one more than the newest version in the folder when that is higher. A trainer that
 crashed before its checkpoint and resumed from an older step (or from none) thus
@@ -30,10 +38,22 @@ import tensorflow as tf
 from official.utils.misc import atomic
 
 INFO_FILE = "export_info.json"
+# Written last, in this order, on gs:// (`atomic.replace_folder`): a version whose info
+# file is there is complete.
+MARKERS = ("saved_model.pb", INFO_FILE)
 
 
 def versions(export_base: str) -> list[int]:
-    """Complete versions in `export_base`, oldest first."""
+    """Complete versions in `export_base` (their info file is there), oldest first."""
+    return [
+        version
+        for version in _numbered(export_base)
+        if tf.io.gfile.exists(os.path.join(export_base, str(version), INFO_FILE))
+    ]
+
+
+def _numbered(export_base: str) -> list[int]:
+    """Every version folder in `export_base`, complete or not, oldest first."""
     if not tf.io.gfile.isdir(export_base):
         return []
     names = (name.rstrip("/") for name in tf.io.gfile.listdir(export_base))
@@ -84,10 +104,12 @@ class Exporter:
         newest version there if that is higher), with `info` in ``export_info.json``;
         returns its folder."""
         tf.io.gfile.makedirs(self.export_base)
-        existing = versions(self.export_base)
+        # Above every version folder, complete or not: a server loading the highest
+        # one must find the newest model, never an older one's leftover.
+        existing = _numbered(self.export_base)
         version = max(step, existing[-1] + 1) if existing else step
         final = os.path.join(self.export_base, str(version))
-        with atomic.replace_folder(final) as temp:
+        with atomic.replace_folder(final, markers=MARKERS) as temp:
             if self._graph_files is None:
                 tf.saved_model.save(self.module, temp, signatures=self.signatures)
                 self._graph_files = _graph_files(temp)
@@ -99,8 +121,11 @@ class Exporter:
                 self._variables.write(os.path.join(temp, "variables", "variables"))
             with tf.io.gfile.GFile(os.path.join(temp, INFO_FILE), "w") as out:
                 json.dump({**info, "version": version, "exported_at": time.time()}, out)
-        for old in versions(self.export_base)[: -self.keep]:
-            atomic.remove_folder(os.path.join(self.export_base, str(old)))
+        complete = versions(self.export_base)
+        # Incomplete folders are a killed exporter's (one exporter writes a folder at a
+        # time): on gs://, a version it was copying into place or deleting.
+        for old in sorted(set(_numbered(self.export_base)) - set(complete[-self.keep :])):
+            atomic.remove_folder(os.path.join(self.export_base, str(old)), markers=MARKERS)
         return final
 
 

@@ -17,8 +17,12 @@ writer on another host sharing a ``gs://`` folder counts as dead unless its pid 
 here too.
 
 On ``gs://`` a rename is a copy and a delete: a file still appears whole (one object),
-a folder does not, so readers of a folder there trust a marker file written last
-(`write_file`) rather than the folder's presence.
+a folder does not (its objects are copied one by one, in name order), so readers of a
+folder there trust a marker file written last rather than the folder's presence.
+`replace_folder` and `remove_folder` take the names of a folder's markers: on a local
+path they change nothing (the rename is atomic; markers travel with the folder); on
+``gs://`` the markers are held back and written last, once every other file is in
+place, and removed first when a folder is replaced or removed.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import tensorflow as tf
 from absl import logging
@@ -40,6 +44,12 @@ _LEFTOVER = re.compile(r"(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]+"
 # under it is stale (a process before it had the same pid) unless listed here.
 _in_use: set[str] = set()
 _in_use_lock = threading.Lock()
+
+
+def is_local(path: str) -> bool:
+    """Whether `path` is on this machine's file system (no ``scheme://``): there a
+    rename is atomic and plain `open` works; on ``gs://`` neither holds."""
+    return "://" not in path
 
 
 def write_file(path: str, data: bytes | str) -> None:
@@ -79,7 +89,7 @@ def write_files(contents: Mapping[str, bytes | str]) -> None:
 
 
 @contextlib.contextmanager
-def replace_folder(path: str, hidden: bool = True) -> Iterator[str]:
+def replace_folder(path: str, hidden: bool = True, markers: Sequence[str] = ()) -> Iterator[str]:
     """Yields a temporary folder (not yet created) to write `path`'s new contents into;
     when the block ends normally it takes the place of `path`.
 
@@ -88,11 +98,20 @@ def replace_folder(path: str, hidden: bool = True) -> Iterator[str]:
     writer puts it back. An exception in the block leaves `path` as it was and deletes
     the temporary folder. A dead writer's leftovers of `path` are cleaned up first.
 
+    On ``gs://`` the renames are copies: `path` can be seen partial, or missing, while
+    they run. There the `markers` the block wrote are held back until everything else
+    is in place and then written in order (each one object, whole), and an existing
+    `path`'s markers are removed (last one first) before it is touched, so a reader
+    that trusts the markers never trusts a partial folder. A folder put back after a
+    writer died has lost its markers: it counts as incomplete, as it may be.
+
     Args:
         path: The destination folder.
         hidden: Temporary names start with a dot: for a folder others list (an export
             base that servers poll), not for one beside a folder the user named, where
             a leftover should be seen.
+        markers: Names (relative to the folder) of files whose presence tells readers
+            that the folder is complete, in the order they are to be written.
     """
     path = path.rstrip("/")
     remove_leftovers(os.path.dirname(path) or ".", os.path.basename(path), hidden)
@@ -100,7 +119,10 @@ def replace_folder(path: str, hidden: bool = True) -> Iterator[str]:
     with _using(temp):
         try:
             yield temp
+            held = {} if is_local(path) else _hold_back(temp, markers)
             if tf.io.gfile.exists(path):
+                if not is_local(path):
+                    _remove_markers(path, markers)
                 aside = _temp_path(path, _ASIDE, hidden)
                 with _using(aside):
                     tf.io.gfile.rename(path, aside)
@@ -110,16 +132,28 @@ def replace_folder(path: str, hidden: bool = True) -> Iterator[str]:
                         _settle_aside(aside, path)
             else:
                 tf.io.gfile.rename(temp, path)
+            for name, data in held.items():
+                write_file(os.path.join(path, name), data)
         finally:
             if tf.io.gfile.exists(temp):
                 tf.io.gfile.rmtree(temp)
 
 
-def remove_folder(path: str, hidden: bool = True) -> None:
+def remove_folder(path: str, hidden: bool = True, markers: Sequence[str] = ()) -> None:
     """Deletes folder `path` so that it vanishes at once: it is renamed to a temporary
     name first (a listing never shows it half-deleted), then deleted; a writer that
-    dies in between leaves a temporary for the next one to remove."""
-    doomed = _temp_path(path.rstrip("/"), _TEMP, hidden)
+    dies in between leaves a temporary for the next one to remove.
+
+    On ``gs://``, where that rename would be a copy, no more atomic than the delete,
+    its `markers` (`replace_folder`) are removed first, last one first, so readers
+    stop trusting it at once, and then the folder is deleted in place.
+    """
+    path = path.rstrip("/")
+    if not is_local(path):
+        _remove_markers(path, markers)
+        tf.io.gfile.rmtree(path)
+        return
+    doomed = _temp_path(path, _TEMP, hidden)
     with _using(doomed):
         tf.io.gfile.rename(path, doomed)
         tf.io.gfile.rmtree(doomed)
@@ -151,6 +185,25 @@ def remove_leftovers(folder: str, name: str | None = None, hidden: bool = True) 
         else:
             logging.info("Removing %s, left by an interrupted write", path)
             _delete(path)
+
+
+def _hold_back(folder: str, markers: Sequence[str]) -> dict[str, bytes]:
+    """Takes the `markers` present in `folder` out of it; returns their contents."""
+    held = {}
+    for name in markers:
+        marker = os.path.join(folder, name)
+        if tf.io.gfile.exists(marker):
+            with tf.io.gfile.GFile(marker, "rb") as stream:
+                held[name] = stream.read()
+            tf.io.gfile.remove(marker)
+    return held
+
+
+def _remove_markers(folder: str, markers: Sequence[str]) -> None:
+    for name in reversed(list(markers)):
+        marker = os.path.join(folder, name)
+        if tf.io.gfile.exists(marker):
+            tf.io.gfile.remove(marker)
 
 
 def _temp_path(path: str, kind: str, hidden: bool) -> str:

@@ -1,0 +1,281 @@
+"""Every path on gs://: ncf-main, recommend and ncf-online against a real GCS JSON API
+server (the `gcs` fixture: fake-gcs-server behind a TLS proxy, reached by TensorFlow's
+own GCS filesystem), each compared with the same run on local paths.
+
+The runs on gs:// happen in subprocesses in the fixture's mount namespace; what they
+wrote is read back from the server's API directly, not through TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module
+
+from recommendation import recommend
+from recommendation.online import versioned_export
+
+NCF_FLAGS = [
+    *TINY_NCF_MAIN_FLAGS,
+    "--train_epochs=2",
+    "--noenable_xla",
+    "--output_ml_perf_compliance_logging",
+    "--mlperf_submission_division=open",
+    "--nomlperf_clear_caches",
+]
+USERS = [1, 7, 42, 150]
+
+
+def _ncf_paths(root: str) -> list[str]:
+    return [
+        f"--data_dir={root}/data",
+        f"--model_dir={root}/model",
+        f"--export_dir={root}/export",
+        f"--benchmark_log_dir={root}/bench",
+    ]
+
+
+def _python(gcs, *args: str):
+    result = gcs.run([sys.executable, *args], cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def _download(gcs, prefix: str, local: str) -> str:
+    """Copies every object under `prefix` into folder `local` (through the server's API)."""
+    for name in _files(gcs, prefix):
+        path = os.path.join(local, os.path.relpath(name, prefix))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as out:
+            out.write(gcs.read(name))
+    return local
+
+
+def _metrics(summary_line: str) -> str:
+    """The summary line up to its throughput (which is timing)."""
+    return re.sub(r", [\d,.]+ training examples/s.*", "", summary_line, flags=re.DOTALL)
+
+
+def _evaluations(jsonl: str) -> list[tuple]:
+    records = [json.loads(line) for line in jsonl.splitlines() if line.strip()]
+    return [
+        (r["epoch"], r["hr"], r["ndcg"], r["loss"]) for r in records if r["kind"] == "evaluation"
+    ]
+
+
+def _mlperf_keys(log: str) -> list[str]:
+    """The keys logged, sorted (the producer's interleave with the trainer's by time)."""
+    return sorted(re.findall(r'"key": "(\w+)"', log))
+
+
+def _files(gcs, prefix: str) -> list[str]:
+    """The objects under `prefix` but folder markers (``name/``, from makedirs)."""
+    return [name for name in gcs.objects(prefix) if not name.endswith("/")]
+
+
+def _written_last(gcs, prefix: str, marker: str) -> bool:
+    """Whether object `prefix/marker` was created after every other object under `prefix`."""
+    created = {name: int(gcs.metadata(name)["generation"]) for name in _files(gcs, prefix + "/")}
+    last = max(created.values())
+    return created[f"{prefix}/{marker}"] == last and sorted(created.values()).count(last) == 1
+
+
+@pytest.fixture(scope="module")
+def ncf_runs(gcs, tmp_path_factory):
+    """ncf-main with the same flags and seed on local paths and on gs://bucket/ncf."""
+    local = tmp_path_factory.mktemp("local")
+    on_local = run_module("recommendation.ncf_main", *NCF_FLAGS, *_ncf_paths(str(local)))
+    assert on_local.returncode == 0, on_local.stderr[-3000:]
+    on_gcs = gcs.run(
+        [
+            sys.executable,
+            "-m",
+            "recommendation.ncf_main",
+            *NCF_FLAGS,
+            *_ncf_paths("gs://bucket/ncf"),
+        ],
+        cwd=ROOT,
+    )
+    assert on_gcs.returncode == 0, on_gcs.stderr[-3000:]
+    return local, on_local, on_gcs
+
+
+def test_ncf_main_on_gcs_trains_like_a_local_run(gcs, ncf_runs):
+    local, on_local, on_gcs = ncf_runs
+    assert _metrics(on_gcs.stdout) == _metrics(on_local.stdout)
+    assert on_gcs.stdout.startswith("best HR@10=")
+    local_log = open(local / "bench" / "benchmark.jsonl").read()
+    gcs_log = gcs.read("ncf/bench/benchmark.jsonl").decode()
+    assert _evaluations(gcs_log) == _evaluations(local_log) and len(_evaluations(gcs_log)) == 2
+    names = gcs.objects("ncf/")
+    model = [n[len("ncf/model/") :] for n in names if n.startswith("ncf/model/")]
+    assert "checkpoint" in model and any(re.fullmatch(r"ckpt-\d+\.index", n) for n in model)
+    assert any(n.startswith("events.out.tfevents.") for n in model)  # TensorBoard
+    assert {"ncf/data/synthetic/ncf_cache.npz", "ncf/data/synthetic/ncf_cache.json"} <= set(names)
+    # The producer's run folder (its shards, ready files and log) is gone again.
+    assert not [n for n in names if n.startswith("ncf/data/synthetic/runs/ncf_run_")]
+    assert not [n for n in names if ".tmp-" in n or ".old-" in n]  # no temporaries left
+    # The MLPerf log, the producer's part merged in, holds what the local one holds.
+    gcs_mlperf = gcs.read("ncf/model/mlperf_compliance.log").decode()
+    local_mlperf = open(local / "model" / "mlperf_compliance.log").read()
+    assert _mlperf_keys(gcs_mlperf) == _mlperf_keys(local_mlperf)
+    assert "input_step_train_neg_gen" in _mlperf_keys(gcs_mlperf)
+
+
+def test_the_export_on_gcs_is_the_local_one_with_its_saved_model_pb_written_last(gcs, ncf_runs):
+    local, _, _ = ncf_runs
+    local_files = sorted(
+        os.path.relpath(os.path.join(folder, name), local / "export")
+        for folder, _, names in os.walk(local / "export")
+        for name in names
+    )
+    gcs_files = [n[len("ncf/export/") :] for n in _files(gcs, "ncf/export/")]
+    assert gcs_files == local_files and "saved_model.pb" in gcs_files
+    # A reader of gs:// trusts saved_model.pb (tf.saved_model.contains_saved_model):
+    # it must appear only once every other file of the export is there.
+    assert _written_last(gcs, "ncf/export", "saved_model.pb")
+
+
+def test_recommend_reads_an_export_and_writes_its_csv_on_gcs(gcs, ncf_runs, tmp_path):
+    local, _, _ = ncf_runs
+    gcs.write("rec/users.txt", "".join(f"{user}\n" for user in USERS).encode())
+    on_gcs = gcs.run(
+        [
+            sys.executable,
+            "-m",
+            "recommendation.recommend",
+            "--export_dir=gs://bucket/ncf/export",
+            "--users_file=gs://bucket/rec/users.txt",
+            "--output=gs://bucket/rec/recs.csv",
+            "--k=5",
+        ],
+        cwd=ROOT,
+    )
+    assert on_gcs.returncode == 0, on_gcs.stderr[-3000:]
+    assert "wrote 20 recommendations for 4 users to gs://bucket/rec/recs.csv" in on_gcs.stdout
+    # The same from the local export of the same run, in this process.
+    item_ids, scores = recommend.Recommender(str(local / "export"))(np.array(USERS), 5)
+    recommend.write_csv(str(tmp_path / "recs.csv"), USERS, item_ids, scores, None)
+    assert gcs.read("rec/recs.csv").decode() == (tmp_path / "recs.csv").read_text()
+
+
+ONLINE_FLAGS = [
+    "--num_factors=4",
+    "--layers=8,4",
+    "--user_capacity=512",
+    "--item_capacity=256",
+    "--prequential_events=8",
+    "--prequential_negatives=9",
+    "--batch_size=64",
+    "--sink_size=1",
+    "--linger_seconds=5",
+    "--seed=1",
+    # Step cadences only (the seconds far away), so both runs export the same versions.
+    "--checkpoint_every_steps=4",
+    "--checkpoint_every_secs=1000",
+    "--export_every_steps=4",
+    "--export_every_secs=1000",
+    "--keep_exports=2",
+    "--idle_timeout_secs=1",
+]
+
+
+def _online_paths(root: str) -> list[str]:
+    return [
+        f"--events_dir={root}/events",
+        f"--model_dir={root}/model",
+        f"--export_dir={root}/export",
+        f"--summary_file={root}/summary.json",
+        f"--trained_events_log={root}/trained.txt",
+    ]
+
+
+def _event_lines(count: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    users = rng.integers(0, 300, count)
+    items = users % 40 + rng.integers(0, 20, count)
+    return "".join(f"{u},{i},{t}\n" for t, (u, i) in enumerate(zip(users, items, strict=True)))
+
+
+def _scores(export_dir: str) -> np.ndarray:
+    served = tf.saved_model.load(export_dir).signatures["serving_default"]
+    users = tf.constant(np.arange(0, 300, 7), tf.int64)
+    return served(user_id=users, item_id=users % 40)["scores"].numpy()
+
+
+def _version_folders(names: list[str]) -> list[int]:
+    """The numeric folders of ``online/export/`` among object `names`."""
+    folders = {name.split("/")[2] for name in names if name.count("/") >= 3}
+    return sorted(int(folder) for folder in folders if folder.isdigit())
+
+
+def _online_main(gcs, root: str):
+    args = ["recommendation.online_main", *ONLINE_FLAGS, *_online_paths(root)]
+    if root.startswith("gs://"):
+        result = gcs.run([sys.executable, "-m", *args], cwd=ROOT)
+    else:
+        result = run_module(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_online_training_on_gcs_checkpoints_exports_and_resumes_like_a_local_run(gcs, tmp_path):
+    local = tmp_path / "local"
+    (local / "events").mkdir(parents=True)
+    first, more = _event_lines(640, seed=1), _event_lines(256, seed=2)
+    (local / "events" / "a.csv").write_text(first)
+    gcs.write("online/events/a.csv", first.encode())
+    _online_main(gcs, str(local))
+    _online_main(gcs, "gs://bucket/online")
+    gcs_summary = json.loads(gcs.read("online/summary.json"))
+    local_summary = json.loads((local / "summary.json").read_text())
+    for key in ("events", "steps", "dead_letters", "stopped_by"):
+        assert gcs_summary[key] == local_summary[key], key
+    trained = gcs.read("online/trained.txt").decode().split()
+    assert trained == (local / "trained.txt").read_text().split() and len(trained) == 640
+    names = gcs.objects("online/export/")
+    local_versions = versioned_export.versions(str(local / "export"))
+    assert _version_folders(names) == local_versions
+    version = str(local_versions[-1])
+    served = _download(gcs, f"online/export/{version}/", str(tmp_path / "served"))
+    np.testing.assert_array_equal(_scores(served), _scores(str(local / "export" / version)))
+
+    # Events appended: the restarted trainer resumes from its gs:// checkpoint.
+    gcs.write("online/events/a.csv", (first + more).encode())
+    resumed = _online_main(gcs, "gs://bucket/online").stdout
+    assert f"restored gs://bucket/online/model/ckpt-{gcs_summary['steps']}" in resumed
+    assert json.loads(gcs.read("online/summary.json"))["events"] == 256  # not redone
+    trained = gcs.read("online/trained.txt").decode().split()
+    assert len(trained) == len(set(trained)) == 640 + 256  # every event once
+    names = gcs.objects("online/export/")
+    assert not [n for n in names if ".tmp-" in n or ".old-" in n]
+    kept = _version_folders(names)
+    assert len(kept) == 2 and kept[-1] > local_versions[-1]
+    for version in kept:
+        assert _written_last(gcs, f"online/export/{version}", versioned_export.INFO_FILE)
+    info = json.loads(gcs.read(f"online/export/{kept[-1]}/{versioned_export.INFO_FILE}"))
+    assert info["position"]["offsets"] == {"a.csv": len(first + more)}
+
+
+def test_versions_on_gcs_are_those_whose_info_file_is_there(gcs):
+    """On gs:// a version folder shows while it is copied into place: a reader must
+    ignore one without its ``export_info.json`` (written last)."""
+    script = """
+import json, sys, tensorflow as tf
+from recommendation import recommend
+from recommendation.online import versioned_export
+base = "gs://bucket/versions"
+with tf.io.gfile.GFile(base + "/5/saved_model.pb", "wb") as out:
+    out.write(b"partial")
+with tf.io.gfile.GFile(base + "/3/" + versioned_export.INFO_FILE, "w") as out:
+    out.write(json.dumps({"version": 3}))
+print(json.dumps([versioned_export.versions(base), versioned_export.latest_export(base)]))
+"""
+    printed = _python(gcs, "-c", script).stdout.strip().splitlines()[-1]
+    assert json.loads(printed) == [[3], "gs://bucket/versions/3"]
