@@ -252,8 +252,7 @@ def write_saved_model(
             tf.io.gfile.exists(export_dir)
             and tf.io.gfile.listdir(export_dir)
             and not tf.saved_model.contains_saved_model(export_dir)
-            # An export on gs:// interrupted while replacing this one took it out.
-            and not tf.io.gfile.isdir(os.path.join(export_dir, "variables"))
+            and not _export_remains(export_dir)
         ):
             raise ValueError(
                 f"export_dir {export_dir} exists and is not a SavedModel; "
@@ -262,6 +261,15 @@ def write_saved_model(
         tf.saved_model.save(module, temp_dir, signatures=signatures)
         if finalize is not None:
             finalize(temp_dir)
+
+
+def _export_remains(export_dir: str) -> bool:
+    """Whether `export_dir`, no SavedModel, is what an export on gs:// interrupted while
+    it replaced or copied one left (saved_model.pb comes last and goes first there)."""
+    if atomic.is_local(export_dir):
+        return False
+    names = {name.rstrip("/") for name in tf.io.gfile.listdir(export_dir)}
+    return bool(names) and names <= {"assets", "variables", "fingerprint.pb", ONNX_FILE}
 
 
 def require_onnx() -> None:

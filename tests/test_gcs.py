@@ -265,17 +265,35 @@ def test_online_training_on_gcs_checkpoints_exports_and_resumes_like_a_local_run
 
 def test_versions_on_gcs_are_those_whose_info_file_is_there(gcs):
     """On gs:// a version folder shows while it is copied into place: a reader must
-    ignore one without its ``export_info.json`` (written last)."""
+    ignore one without its ``export_info.json`` (written last); the next export numbers
+    above it and removes it, and a folder replaced there gets its markers last."""
     script = """
 import json, sys, tensorflow as tf
-from recommendation import recommend
+from official.utils.misc import atomic
 from recommendation.online import versioned_export
+def write(path, data):
+    with tf.io.gfile.GFile(path, "w") as out:
+        out.write(data)
 base = "gs://bucket/versions"
-with tf.io.gfile.GFile(base + "/5/saved_model.pb", "wb") as out:
-    out.write(b"partial")
-with tf.io.gfile.GFile(base + "/3/" + versioned_export.INFO_FILE, "w") as out:
-    out.write(json.dumps({"version": 3}))
-print(json.dumps([versioned_export.versions(base), versioned_export.latest_export(base)]))
+write(base + "/5/saved_model.pb", "partial")
+write(base + "/3/" + versioned_export.INFO_FILE, json.dumps({"version": 3}))
+found = [versioned_export.versions(base), versioned_export.latest_export(base)]
+module = tf.Module()
+module.v = tf.Variable(1.0)
+serve = tf.function(lambda: {"v": module.v}, input_signature=[])
+versioned_export.Exporter(base, module, {"serving_default": serve}, keep=1).export(1, {})
+after = [versioned_export.versions(base), sorted(tf.io.gfile.listdir(base))]
+for contents in ("old", "new"):
+    with atomic.replace_folder("gs://bucket/folder", markers=("DONE",)) as temp:
+        write(temp + "/data", contents)
+        write(temp + "/DONE", contents)
+folder = sorted(tf.io.gfile.listdir("gs://bucket/"))
+data = tf.io.gfile.GFile("gs://bucket/folder/data").read()
+print(json.dumps([found, after, folder, data]))
 """
     printed = _python(gcs, "-c", script).stdout.strip().splitlines()[-1]
-    assert json.loads(printed) == [[3], "gs://bucket/versions/3"]
+    found, after, folder, data = json.loads(printed)
+    assert found == [[3], "gs://bucket/versions/3"]
+    assert after == [[6], ["6/"]]  # above the partial 5, which is removed with 3
+    assert [name for name in folder if "folder" in name] == ["folder/"] and data == "new"
+    assert _written_last(gcs, "folder", "DONE")

@@ -98,12 +98,12 @@ def replace_folder(path: str, hidden: bool = True, markers: Sequence[str] = ()) 
     writer puts it back. An exception in the block leaves `path` as it was and deletes
     the temporary folder. A dead writer's leftovers of `path` are cleaned up first.
 
-    On ``gs://`` the renames are copies: `path` can be seen partial, or missing, while
-    they run. There the `markers` the block wrote are held back until everything else
-    is in place and then written in order (each one object, whole), and an existing
-    `path`'s markers are removed (last one first) before it is touched, so a reader
-    that trusts the markers never trusts a partial folder. A folder put back after a
-    writer died has lost its markers: it counts as incomplete, as it may be.
+    On ``gs://`` a rename is a copy object by object, so `path` can be seen partial
+    whatever is done, and nothing is moved aside (a folder put back would be no more
+    trustworthy than a partial one). There the `markers` the block wrote are held back
+    and written last, in order (each one object, whole); an existing `path` loses its
+    markers (last one first) before it is deleted and the new contents copied in, so
+    a reader that trusts the markers never trusts a partial folder.
 
     Args:
         path: The destination folder.
@@ -119,10 +119,9 @@ def replace_folder(path: str, hidden: bool = True, markers: Sequence[str] = ()) 
     with _using(temp):
         try:
             yield temp
-            held = {} if is_local(path) else _hold_back(temp, markers)
-            if tf.io.gfile.exists(path):
-                if not is_local(path):
-                    _remove_markers(path, markers)
+            if not is_local(path):
+                _replace_in_object_store(temp, path, markers)
+            elif tf.io.gfile.exists(path):
                 aside = _temp_path(path, _ASIDE, hidden)
                 with _using(aside):
                     tf.io.gfile.rename(path, aside)
@@ -132,8 +131,6 @@ def replace_folder(path: str, hidden: bool = True, markers: Sequence[str] = ()) 
                         _settle_aside(aside, path)
             else:
                 tf.io.gfile.rename(temp, path)
-            for name, data in held.items():
-                write_file(os.path.join(path, name), data)
         finally:
             if tf.io.gfile.exists(temp):
                 tf.io.gfile.rmtree(temp)
@@ -151,7 +148,7 @@ def remove_folder(path: str, hidden: bool = True, markers: Sequence[str] = ()) -
     path = path.rstrip("/")
     if not is_local(path):
         _remove_markers(path, markers)
-        tf.io.gfile.rmtree(path)
+        _rmtree_if_there(path)
         return
     doomed = _temp_path(path, _TEMP, hidden)
     with _using(doomed):
@@ -185,6 +182,28 @@ def remove_leftovers(folder: str, name: str | None = None, hidden: bool = True) 
         else:
             logging.info("Removing %s, left by an interrupted write", path)
             _delete(path)
+
+
+def _replace_in_object_store(temp: str, path: str, markers: Sequence[str]) -> None:
+    """`replace_folder` on gs://: old markers off, old folder deleted, new contents
+    copied in, new markers written last."""
+    held = _hold_back(temp, markers)
+    _remove_markers(path, markers)
+    _rmtree_if_there(path)
+    # overwrite: TensorFlow's GCS client caches that a folder exists (for seconds) and
+    # would refuse the rename onto the one just deleted.
+    tf.io.gfile.rename(temp, path, overwrite=True)
+    for name, data in held.items():
+        write_file(os.path.join(path, name), data)
+
+
+def _rmtree_if_there(path: str) -> None:
+    """Deletes folder `path` if it still exists (a folder of markers only vanished
+    with them; a cached answer may still say it exists)."""
+    try:
+        tf.io.gfile.rmtree(path)
+    except tf.errors.NotFoundError:
+        pass
 
 
 def _hold_back(folder: str, markers: Sequence[str]) -> dict[str, bytes]:
