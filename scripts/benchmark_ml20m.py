@@ -202,8 +202,8 @@ def report(work_dir: str) -> None:
     eval_points = int(eval_set[1]) * int(eval_set[2]) if eval_set else None
 
     rows = [
-        ("preprocessing, cold (ratings.csv to cache)", f"{cold_s:.1f} s"),
-        ("preprocessing, cached", f"{cached_s:.1f} s"),
+        ("preprocessing, cold (ratings.csv to cache)", f"{cold_s:.2f} s"),
+        ("preprocessing, cached", f"{cached_s:.2f} s"),
         (
             "producer: evaluation set",
             f"{float(eval_set[3]):.1f} s ({eval_points:,} points)" if eval_set else "not in log",
