@@ -21,6 +21,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pa_parquet
 import tensorflow as tf
 
+from official.utils.misc import atomic
 from recommendation import constants, movielens
 from recommendation.movielens import DataError, FileFormat
 
@@ -183,7 +184,7 @@ def read_ratings_file(path: str, file_format: FileFormat) -> RawRatings:
 def _open_for_arrow(path: str):
     """A file pyarrow reads fast: its own reader for local paths (parallel, no copy into
     Python), else the bytes read through `tf.io.gfile` (``gs://`` and other schemes)."""
-    if "://" not in path:
+    if atomic.is_local(path):
         return pa.OSFile(path, "rb")
     with tf.io.gfile.GFile(path, "rb") as stream:
         return pa.BufferReader(stream.read())

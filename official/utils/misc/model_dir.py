@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import errors
+from official.utils.misc import atomic, errors
 
 
 class ModelDirError(Exception):
@@ -134,7 +134,7 @@ def _remove_partial(directory: str, step: int) -> None:
 def _fsync_local(prefix: str) -> None:
     """Flushes a checkpoint's files and folder to disk (local paths), so that what is
     committed after it never outlives the data it vouches for."""
-    if "://" in prefix:
+    if not atomic.is_local(prefix):
         return
     directory = os.path.dirname(prefix)
     for path in [*glob.glob(prefix + ".*"), os.path.join(directory, "checkpoint"), directory]:
