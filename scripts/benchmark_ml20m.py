@@ -221,7 +221,10 @@ def report(work_dir: str) -> None:
         )
         rows.append((f"epoch {record['epoch']}: evaluation", f"{record['eval_seconds']:.1f} s"))
     rows += [
-        ("trainer wait: evaluation set + first cycle", f"{summary['first_wait_seconds']:.1f} s"),
+        (
+            "trainer wait for the first cycle (the eval set was ready)",
+            f"{summary['first_wait_seconds']:.1f} s",
+        ),
         (
             f"trainer wait after the first cycle ({len(train_s) - 1} cycles)",
             f"{later_wait:.2f} s = {wait_fraction:.2%} of their training time",
