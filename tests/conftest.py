@@ -9,6 +9,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,12 @@ from recommendation import data_pipeline, data_preprocessing, ncf_main, neumf_mo
 from recommendation.data_preprocessing import DataConfig, PreprocessedData
 from recommendation.ncf_common import NcfConfig
 from recommendation.neumf_model import ModelParams
+
+# A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored,
+# and the product rightly keeps an ignored SIGINT ignored: the tests that send Ctrl-C
+# need it handled, here and in the processes they start (exec resets a handler).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Rows of (user, item, timestamp) used by several tests: three users, 4/2/3 ratings.
 TINY_ROWS = [
