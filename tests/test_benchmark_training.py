@@ -42,3 +42,25 @@ def test_model_flops_count_the_mlperf_model_by_hand(script):
     # MLP 256->256->128->64: 65,536 + 32,768 + 8,192 multiply-adds; the final layer
     # reads 64 GMF + 64 MLP values; x2 FLOPs per multiply-add, x3 forward + backward.
     assert script.model_flops_per_example(64, [256, 256, 128, 64]) == 6 * (106_496 + 128)
+
+
+def test_executed_flops_count_the_first_layer_once_per_step_on_the_tables(script):
+    # ML-1M: 6,040 + 3,706 = 9,746 table rows < 2 x 65,536: the first layer (256 -> 256,
+    # 393,216 FLOPs per example forward + backward) runs on the tables' 128-wide halves
+    # once per step: 6 x 9,746 x 128 x 256 FLOPs shared by 65,536 examples.
+    executed = script.executed_flops_per_example(64, [256, 256, 128, 64], 65536, 9746)
+    assert executed == pytest.approx(639_744 - 393_216 + 6 * 9746 * 128 * 256 / 65536)
+    assert executed == 275_766  # 43% of the reference's 639,744
+    # Tables as large as 2 x the batch: the graph is the reference's.
+    assert script.executed_flops_per_example(64, [256, 256, 128, 64], 100, 200) == 639_744
+
+
+def test_peaks_follow_the_vector_flags_and_the_clock(script):
+    cores = os.cpu_count() or 1
+    amx = script.cpu_peak_flops("avx avx2 fma avx512f amx_bf16", "CPU max MHz:  3000.0000\n")
+    assert amx["fp32"][0] == cores * 3e9 * 64 and amx["bf16"][0] == cores * 3e9 * 2048
+    assert "amx_bf16" in amx["bf16"][1] and "lscpu" in amx["fp32"][1]
+    avx2 = script.cpu_peak_flops("avx avx2 fma", "Model name: x\n")
+    # No bf16 unit: bf16 runs at the fp32 rate; no clock in lscpu: 2.5 GHz, said so.
+    assert avx2["fp32"][0] == avx2["bf16"][0] == cores * 2.5e9 * 32
+    assert "assumed" in avx2["fp32"][1]
