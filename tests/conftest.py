@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import io
 import os
 import re
@@ -33,6 +34,17 @@ from recommendation.neumf_model import ModelParams
 # need it handled, here and in the processes they start (exec resets a handler).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+SCRIPTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module: the scripts are programs, not a package."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS_DIR, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 # Rows of (user, item, timestamp) used by several tests: three users, 4/2/3 ratings.
 TINY_ROWS = [

@@ -6,21 +6,15 @@ are in docs/benchmarks.md); these checks pin the towers and the FLOP count they 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "benchmark_training.py")
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("benchmark_training", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmark_training")
 
 
 @pytest.mark.parametrize(

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import collections
 import glob
-import importlib.util
-import os
 
 import pytest
 import tensorflow as tf
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "profile_training_step.py")
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("profile_training_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("profile_training_step")
 
 
 def test_a_profiled_graph_call_is_read_back_op_by_op(script, tmp_path):

@@ -3,13 +3,12 @@ in timestamp order."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import numpy as np
-from conftest import TINY_ROWS, write_movielens
+from conftest import TINY_ROWS, load_script, write_movielens
 
 from recommendation.online import sources
 from recommendation.online.sources import DeadLetterFile
@@ -20,10 +19,7 @@ IN_TIME_ORDER = [(u, i) for u, i, _ in sorted(TINY_ROWS, key=lambda row: row[2])
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("replay_events", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("replay_events")
 
 
 def _run(*flags: str) -> subprocess.CompletedProcess:
