@@ -296,6 +296,10 @@ def time_to_target(args, work: str) -> None:
         f"{summary['wait_seconds'] / summary['train_seconds']:.2%} of training step time "
         f"(first cycle: {summary['first_wait_seconds']:.1f} s)"
     )
+    parts = wall_time_parts(ours_seconds, summary, _records(f"{work}/ttt/benchmark.jsonl"))
+    print(
+        "ours, where the wall time went: " + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items())
+    )
     if not args.peer:
         return
     fastest = None
@@ -414,9 +418,32 @@ def paper(args, work: str) -> None:
     )
 
 
-def _last_summary(path: str) -> dict:
+def wall_time_parts(wall_seconds: float, summary: dict, records: list[dict]) -> dict[str, float]:
+    """A run's wall time split into what its benchmark log measured: training and
+    evaluation (summed over epochs), waiting for the producer, the run's own start-up
+    and bookkeeping (preprocessing, producer start, model building, checkpoints: the
+    rest of `total_seconds`, compilation inside the first calls excepted), and what
+    came before `run` (the interpreter and the TensorFlow import)."""
+    epochs = [record for record in records if record.get("kind") == "evaluation"]
+    train = sum(record["train_seconds"] for record in epochs)
+    evaluation = sum(record["eval_seconds"] for record in epochs)
+    wait = summary["first_wait_seconds"] + summary["wait_seconds"]
+    return {
+        "process start and imports": wall_seconds - summary["total_seconds"],
+        "run start-up and bookkeeping": summary["total_seconds"] - train - evaluation - wait,
+        "waiting for data": wait,
+        "training (first calls compile)": train,
+        "evaluation": evaluation,
+    }
+
+
+def _records(path: str) -> list[dict]:
     with open(path) as log:
-        return [json.loads(line) for line in log if '"summary"' in line][-1]
+        return [json.loads(line) for line in log]
+
+
+def _last_summary(path: str) -> dict:
+    return [record for record in _records(path) if record.get("kind") == "summary"][-1]
 
 
 def main() -> None:

@@ -58,3 +58,21 @@ def test_peaks_follow_the_vector_flags_and_the_clock(script):
     # No bf16 unit: bf16 runs at the fp32 rate; no clock in lscpu: 2.5 GHz, said so.
     assert avx2["fp32"][0] == avx2["bf16"][0] == cores * 2.5e9 * 32
     assert "assumed" in avx2["fp32"][1]
+
+
+def test_the_wall_time_is_split_into_what_the_benchmark_log_measured(script):
+    summary = {"kind": "summary", "total_seconds": 40.0, "first_wait_seconds": 1.5}
+    summary["wait_seconds"] = 0.5
+    records = [
+        {"kind": "run_info"},
+        {"kind": "evaluation", "train_seconds": 10.0, "eval_seconds": 2.0},
+        {"kind": "evaluation", "train_seconds": 8.0, "eval_seconds": 3.0},
+        summary,
+    ]
+    assert script.wall_time_parts(46.0, summary, records) == {
+        "process start and imports": 6.0,
+        "run start-up and bookkeeping": 40.0 - 18.0 - 5.0 - 2.0,
+        "waiting for data": 2.0,
+        "training (first calls compile)": 18.0,
+        "evaluation": 5.0,
+    }
