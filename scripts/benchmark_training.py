@@ -338,9 +338,8 @@ def time_to_target(args, work: str) -> None:
     if fastest is None:
         print("the peer did not reach the target: no ratio")
     else:
-        print(
-            f"ours / fastest peer wall time: {ours_seconds / fastest:.3f} (target <= 0.15, issue 18)"
-        )
+        ratio = ours_seconds / fastest
+        print(f"ours / fastest peer wall time: {ratio:.3f} (target <= 0.15, issue 18)")
 
 
 PAPER_TOWER_DEPTHS = {"text": 3, "code": 4, "deep": 5}  # entries of --layers
