@@ -21,6 +21,7 @@ file with ``python -m recommendation.synthetic_data --shape ml-20m --data_dir DI
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 
+from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BENCHMARK_LOG_FILE
 from official.utils.misc import machine
 from recommendation import data_preprocessing
@@ -37,7 +39,6 @@ from recommendation.data_preprocessing import DataConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGFILE = os.path.join(ROOT, "scripts", "mlperf_ml20m.flags")
-FLAGFILE_EPOCHS = 14
 _TARGETS = {"rss_gib": 12.0, "wait_fraction": 0.05, "eval_s": 120.0}
 
 
@@ -87,6 +88,12 @@ def _preprocessing_seconds(data_dir: str, cache_dir: str) -> tuple[float, float]
         data_preprocessing.load_or_build(config)
         times.append(time.perf_counter() - start)
     return times[0], times[1]
+
+
+def _flagfile_epochs() -> int:
+    """The flagfile's --train_epochs: what the projection is for."""
+    with open(FLAGFILE) as flagfile:
+        return int(re.search(r"^--train_epochs=(\d+)$", flagfile.read(), re.MULTILINE)[1])
 
 
 def _records(path: str, kind: str) -> list[dict]:
@@ -177,26 +184,28 @@ def report(work_dir: str) -> None:
     summary = _records(benchmark_log, "summary")[-1]
     eval_set = re.search(r"Evaluation set: (\d+) users x (\d+) items in ([\d.]+) s", producer_log)
     cycles = [float(s) for s in re.findall(r"Cycle \d+: .* in ([\d.]+) s", producer_log)]
-    with open(os.path.join(model_dir, "checkpoint")) as state:  # CheckpointManager's index
-        checkpoint = re.search(r'model_checkpoint_path: "([^"]+)"', state.read())[1]
+    import tensorflow as tf  # after official's import, which quiets its start-up lines
+
+    checkpoint = os.path.basename(tf.train.latest_checkpoint(model_dir))
     checkpoint_bytes = _directory_bytes(model_dir, checkpoint + ".")
-    mlperf_log = os.path.join(model_dir, "mlperf_compliance.log")
-    with open(mlperf_log) as log:
-        mlperf_text = log.read()
+    logged = collections.Counter(
+        record.key
+        for record in mlperf_helper.read_log(os.path.join(model_dir, "mlperf_compliance.log"))
+    )
     mlperf_events = {
-        key: len(re.findall(rf'"key": "{key}"', mlperf_text))
-        for key in ("eval_accuracy", "epoch_start", "epoch_stop", "run_stop")
+        key: logged[key] for key in ("eval_accuracy", "epoch_start", "epoch_stop", "run_stop")
     }
+    flagfile_epochs = _flagfile_epochs()
 
     train_s = [record["train_seconds"] for record in epochs]
     eval_s = [record["eval_seconds"] for record in epochs]
     later_wait = summary["wait_seconds"]
     later_train = sum(train_s[1:])
     startup_s = summary["total_seconds"] - sum(train_s) - sum(eval_s) - later_wait
-    projected = startup_s + FLAGFILE_EPOCHS * (
+    projected = startup_s + flagfile_epochs * (
         sum(train_s) / len(train_s) + sum(eval_s) / len(eval_s)
     )
-    projected += (FLAGFILE_EPOCHS - 1) * later_wait / max(1, len(train_s) - 1)
+    projected += (flagfile_epochs - 1) * later_wait / max(1, len(train_s) - 1)
     rss_total = (peak["trainer"] + peak["producer"]) / 2**30
     wait_fraction = later_wait / later_train
     eval_points = int(eval_set[1]) * int(eval_set[2]) if eval_set else None
@@ -234,7 +243,7 @@ def report(work_dir: str) -> None:
         ("checkpoint", f"{checkpoint} {checkpoint_bytes / 2**20:.0f} MiB"),
         ("MLPerf log events", ", ".join(f"{k} {v}" for k, v in mlperf_events.items())),
         ("run in all", f"{summary['total_seconds']:.1f} s for {len(train_s)} epochs"),
-        ("projected, the flagfile's 14 epochs", f"{projected / 3600:.2f} h"),
+        (f"projected, the flagfile's {flagfile_epochs} epochs", f"{projected / 3600:.2f} h"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
