@@ -51,7 +51,6 @@ from recommendation.data_preprocessing import PreprocessedData
 from recommendation.neumf_model import NeuMF
 
 ONNX_FILE = "model.onnx"
-SAVED_MODEL_FILE = "saved_model.pb"
 USER_IDS_FILE = "user_ids.txt"
 ITEM_IDS_FILE = "item_ids.txt"
 # The ONNX model must give the SavedModel's scores to this absolute tolerance.
@@ -247,7 +246,9 @@ def write_saved_model(
     # visible siblings (``<export_dir>.tmp-<pid>-<token>``).
     # On gs://, where the folder rename is a copy, saved_model.pb (what every SavedModel
     # reader looks for first) is written last and removed first when replaced.
-    with atomic.replace_folder(export_dir, hidden=False, markers=(SAVED_MODEL_FILE,)) as temp_dir:
+    with atomic.replace_folder(
+        export_dir, hidden=False, markers=(tf.saved_model.SAVED_MODEL_FILENAME_PB,)
+    ) as temp_dir:
         if (
             tf.io.gfile.exists(export_dir)
             and tf.io.gfile.listdir(export_dir)

@@ -40,14 +40,19 @@ from official.utils.misc import atomic
 INFO_FILE = "export_info.json"
 # Written last, in this order, on gs:// (`atomic.replace_folder`): a version whose info
 # file is there is complete.
-MARKERS = ("saved_model.pb", INFO_FILE)
+MARKERS = (tf.saved_model.SAVED_MODEL_FILENAME_PB, INFO_FILE)
 
 
 def versions(export_base: str) -> list[int]:
     """Complete versions in `export_base` (their info file is there), oldest first."""
+    return _complete(export_base, _numbered(export_base))
+
+
+def _complete(export_base: str, numbered: list[int]) -> list[int]:
+    """Those of the version folders `numbered` whose info file is there."""
     return [
         version
-        for version in _numbered(export_base)
+        for version in numbered
         if tf.io.gfile.exists(os.path.join(export_base, str(version), INFO_FILE))
     ]
 
@@ -121,10 +126,11 @@ class Exporter:
                 self._variables.write(os.path.join(temp, "variables", "variables"))
             with tf.io.gfile.GFile(os.path.join(temp, INFO_FILE), "w") as out:
                 json.dump({**info, "version": version, "exported_at": time.time()}, out)
-        complete = versions(self.export_base)
+        numbered = _numbered(self.export_base)
+        complete = _complete(self.export_base, numbered)
         # Incomplete folders are a killed exporter's (one exporter writes a folder at a
         # time): on gs://, a version it was copying into place or deleting.
-        for old in sorted(set(_numbered(self.export_base)) - set(complete[-self.keep :])):
+        for old in sorted(set(numbered) - set(complete[-self.keep :])):
             atomic.remove_folder(os.path.join(self.export_base, str(old)), markers=MARKERS)
         return final
 
