@@ -10,6 +10,14 @@ is `mlperf_tags`.
 # Users with fewer ratings than this are dropped (the NCF and MLPerf protocol).
 MIN_NUM_RATINGS = 20
 
+# What each train/eval cycle evaluates on (--eval_split). "test": every user's last
+# interaction, the MLPerf and NCF protocol. "validation": the second-to-last (the paper
+# split: the latest training line) is held out too; cycles evaluate on it, and the test
+# holdout is evaluated once, on the epoch validation selects.
+TEST_SPLIT = "test"
+VALIDATION_SPLIT = "validation"
+EVAL_SPLITS = (TEST_SPLIT, VALIDATION_SPLIT)
+
 # Negatives per evaluation user under the MLPerf protocol; the NCF paper used 99.
 NUM_EVAL_NEGATIVES = 999
 

@@ -32,6 +32,11 @@ def summary_lines(result: data_preprocessing.LoadResult, dataset: str) -> list[s
         f"items:               {data.num_items:,}",
         f"training positives:  {data.num_train_positives:,}",
         f"evaluation users:    {len(data.eval_items):,}",
+        *(
+            [f"validation users:    {len(data.validation_items):,}"]
+            if data.validation_items is not None
+            else []
+        ),
         f"evaluation negatives: {negatives}",
         f"cache:               {result.cache_path} ({source})",
         f"time:                {result.seconds:.2f} s",

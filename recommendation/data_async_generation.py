@@ -33,7 +33,7 @@ from recommendation.data_preprocessing import PreprocessedData
 from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams, RecordField
 
 # Stream tags of `stat_utils.rng_for`, one per kind of random work.
-_NEGATIVES, _SHUFFLE, _EVAL, _BUCKET = 1, 2, 3, 4
+_NEGATIVES, _SHUFFLE, _EVAL, _BUCKET, _VALIDATION = 1, 2, 3, 4, 5
 _CHUNK = 1 << 20  # sampling work unit (points); fixed so output ignores worker count
 _SHUFFLE_BUCKETS = 64  # output ranges of the scatter shuffle; fixed for the same reason
 _EVAL_CHUNK_USERS = 4096
@@ -73,7 +73,8 @@ def training_epoch(
     """Samples negatives for every training positive and shuffles the epoch.
 
     Negatives are drawn uniformly from the items the user has no training
-    interaction with (the held-out item may be drawn, as in the reference).
+    interaction with (the held-out items, test and validation, may be drawn, as the
+    reference draws its test item: excluding them would tell the model which they are).
 
     The shuffle is a scatter shuffle, so every stage runs in parallel: each chunk of
     points sends each point to one of `_SHUFFLE_BUCKETS` output ranges drawn
@@ -167,30 +168,37 @@ def eval_blocks(
     num_eval_negatives: int,
     seed: int,
     pool: concurrent.futures.Executor,
+    split: str = constants.TEST_SPLIT,
 ) -> EvalBlocks:
-    """Builds every user's evaluation block, a chunk of users per task.
+    """Builds every user's evaluation block of `split`, a chunk of users per task.
 
     Sampled negatives come uniformly, with replacement, from the items the user never
-    interacted with (training or held out). Datasets with fixed negatives (the NCF
-    paper's split) use them as given.
+    interacted with (training or held out, test and validation). Datasets with fixed
+    negatives (the NCF paper's split) use them as given for the test set; their
+    validation set samples `num_eval_negatives`, as every other dataset does, from a
+    stream of its own.
     """
+    validation = split == constants.VALIDATION_SPLIT
+    held_out = data.validation_items if validation else data.eval_items
+    fixed = None if validation else data.eval_negatives
     users = np.arange(data.num_users, dtype=np.int32)
-    exclusion = _all_interactions(data) if data.eval_negatives is None else None
-    block = 1 + (num_eval_negatives if exclusion is not None else data.eval_negatives.shape[1])
+    exclusion = _all_interactions(data) if fixed is None else None
+    block = 1 + (num_eval_negatives if fixed is None else fixed.shape[1])
     items = np.empty((data.num_users, block), dtype=np.int32)
     mask = np.empty((data.num_users, block), dtype=bool)
 
     def build(start: int) -> None:
         chunk = users[start : start + _EVAL_CHUNK_USERS]
-        if exclusion is None:
-            negatives = data.eval_negatives[chunk].astype(np.int32)
+        if fixed is not None:
+            negatives = fixed[chunk].astype(np.int32)
         else:
-            rng = stat_utils.rng_for(seed, _EVAL, start // _EVAL_CHUNK_USERS)
+            stream = _VALIDATION if validation else _EVAL
+            rng = stat_utils.rng_for(seed, stream, start // _EVAL_CHUNK_USERS)
             negatives = exclusion.sample(rng, np.repeat(chunk, num_eval_negatives))
             negatives = negatives.reshape(len(chunk), num_eval_negatives)
         # The positive goes first while masking, so a negative equal to it is the one
         # masked, then moves to the last column.
-        rows = np.concatenate([data.eval_items[chunk, None].astype(np.int32), negatives], axis=1)
+        rows = np.concatenate([held_out[chunk, None].astype(np.int32), negatives], axis=1)
         items[chunk] = np.roll(rows, -1, axis=1)
         mask[chunk] = np.roll(stat_utils.mask_duplicates(rows), -1, axis=1)
 
@@ -199,9 +207,13 @@ def eval_blocks(
 
 
 def _all_interactions(data: PreprocessedData) -> stat_utils.ExclusionIndex:
-    """Exclusion index of each user's training items plus the held-out item."""
-    users = np.concatenate([data.train_users(), np.arange(data.num_users, dtype=np.int32)])
-    items = np.concatenate([data.train_items, data.eval_items])
+    """Exclusion index of each user's training items plus the held-out items."""
+    held_out = [data.eval_items]
+    if data.validation_items is not None:
+        held_out.append(data.validation_items)
+    every_user = np.arange(data.num_users, dtype=np.int32)
+    users = np.concatenate([data.train_users(), *(every_user for _ in held_out)])
+    items = np.concatenate([data.train_items, *held_out])
     order = np.argsort(users, kind="stable")
     offsets = np.concatenate([[0], np.cumsum(np.bincount(users, minlength=data.num_users))])
     return stat_utils.ExclusionIndex.from_csr(offsets, items[order], data.num_items)
@@ -340,7 +352,9 @@ class Producer:
         # Each negative is drawn independently: an item may repeat for a user.
         self.mlperf.event("input_hp_sample_train_replacement", True)
         with concurrent.futures.ThreadPoolExecutor(params.num_workers) as pool:
-            self._write_eval(data, pool)
+            if data.validation_items is not None:  # what the trainer evaluates first
+                self._write_eval(data, pool, constants.VALIDATION_SPLIT)
+            self._write_eval(data, pool, constants.TEST_SPLIT)
             epoch = params.first_epoch
             for cycle, epochs in enumerate(params.epochs_per_cycle):
                 self._wait_for_room(cycle)
@@ -348,17 +362,19 @@ class Producer:
                 epoch += epochs
         self._progress("done")
 
-    def _write_eval(self, data: PreprocessedData, pool: concurrent.futures.Executor) -> None:
+    def _write_eval(
+        self, data: PreprocessedData, pool: concurrent.futures.Executor, split: str
+    ) -> None:
         params = self.params
-        self._progress("sampling evaluation negatives")
+        self._progress(f"sampling {split} evaluation negatives")
         start = time.monotonic()
         self.mlperf.event("input_step_eval_neg_gen")
-        blocks = eval_blocks(data, params.num_eval_negatives, params.seed, pool)
+        blocks = eval_blocks(data, params.num_eval_negatives, params.seed, pool, split)
         self.mlperf.event("preproc_hp_num_eval", blocks.block_size - 1)
         # Sampled negatives are drawn with replacement; fixed ones are used as given.
         self.mlperf.event("preproc_hp_sample_eval_replacement", data.eval_negatives is None)
         info = EvalInfo(
-            folder=run_folder.eval_folder(self.run_dir),
+            folder=run_folder.eval_folder(self.run_dir, split),
             num_batches=-(-len(blocks.users) // params.eval_users_per_batch),
             users_per_batch=params.eval_users_per_batch,
             block_size=blocks.block_size,
@@ -376,7 +392,8 @@ class Producer:
         close_writers(writers)
         run_folder.write_ready(info)
         logging.info(
-            "Evaluation set: %d users x %d items in %.1f s",
+            "%s set: %d users x %d items in %.1f s",
+            "Validation" if split == constants.VALIDATION_SPLIT else "Evaluation",
             len(blocks.users),
             blocks.block_size,
             time.monotonic() - start,

@@ -170,10 +170,11 @@ class ProducerHandle:
 
     # -- waiting for data ---------------------------------------------------
 
-    def eval_data(self) -> EvalInfo:
-        """Waits for the evaluation set."""
-        folder = run_folder.eval_folder(self.run_dir)
-        ready = self._wait_for_file(run_folder.ready_file(folder), "the evaluation set")
+    def eval_data(self, split: str = constants.TEST_SPLIT) -> EvalInfo:
+        """Waits for the evaluation set of `split` (the validation set exists only when
+        the data holds validation items)."""
+        folder = run_folder.eval_folder(self.run_dir, split)
+        ready = self._wait_for_file(run_folder.ready_file(folder), f"the {split} set")
         return EvalInfo.from_json(ready, folder=folder)
 
     def cycle(self, index: int) -> CycleInfo:

@@ -12,9 +12,10 @@ is a whole-array numpy/pandas operation:
 3. drop users with fewer than `min_num_ratings` ratings (`np.bincount` of user codes);
 4. stable sort by (user, timestamp); with ``ml_perf`` ties are first shuffled by an
    unstable quicksort on time, exactly the reference's MLPerf ordering;
-5. hold out each user's last interaction for evaluation; the rest is training, kept
-   in CSR form (`train_offsets`, `train_items`) because negative sampling wants each
-   user's items as one slice.
+5. hold out each user's last interaction for evaluation (the test holdout) and, with
+   ``eval_split="validation"``, the second-to-last for validation; the rest is
+   training, kept in CSR form (`train_offsets`, `train_items`) because negative
+   sampling wants each user's items as one slice.
 
 `load_or_build` keeps the result in ``<cache_dir>/ncf_cache.npz`` (with a readable
 copy of its metadata in ``ncf_cache.json``), written atomically and rebuilt when the
@@ -54,6 +55,7 @@ _ARRAY_KEYS = (
     "train_items",
     "eval_items",
     "eval_negatives",
+    "validation_items",
 )
 
 
@@ -67,9 +69,11 @@ class PreprocessedData:
         train_offsets: `(num_users + 1,)` int64; user `u`'s training items are
             ``train_items[train_offsets[u]:train_offsets[u + 1]]``.
         train_items: `(num_train,)` int32 item indexes, each user's in time order.
-        eval_items: `(num_users,)` int32 held-out item of each user.
-        eval_negatives: `(num_users, k)` int32 fixed evaluation negatives (the NCF
-            paper's split), or None when negatives are sampled.
+        eval_items: `(num_users,)` int32 held-out (test) item of each user.
+        eval_negatives: `(num_users, k)` int32 fixed evaluation negatives of the test
+            items (the NCF paper's split), or None when negatives are sampled.
+        validation_items: `(num_users,)` int32 validation item of each user (its
+            latest interaction before the test item), or None for the test split.
     """
 
     user_ids: np.ndarray
@@ -78,6 +82,7 @@ class PreprocessedData:
     train_items: np.ndarray
     eval_items: np.ndarray
     eval_negatives: np.ndarray | None = None
+    validation_items: np.ndarray | None = None
 
     @property
     def num_users(self) -> int:
@@ -113,6 +118,8 @@ class DataConfig:
         synthetic: Size of ``--dataset synthetic``.
         generic: The file read by ``--dataset generic``.
         cache_max_age_sec: Older caches are rebuilt.
+        eval_split: `constants.TEST_SPLIT`, or `constants.VALIDATION_SPLIT` to hold
+            out a validation item per user as well.
     """
 
     dataset: str = movielens.ML_1M
@@ -126,6 +133,7 @@ class DataConfig:
     synthetic: synthetic_data.SyntheticSpec = synthetic_data.SyntheticSpec()
     generic: ratings_readers.GenericSource | None = None
     cache_max_age_sec: float = constants.CACHE_INVALIDATION_SEC
+    eval_split: str = constants.TEST_SPLIT
 
     def resolved_cache_dir(self) -> str:
         info = movielens.dataset_info(self.dataset)
@@ -142,6 +150,9 @@ class DataConfig:
             params.update(seed=self.seed, synthetic=dataclasses.asdict(self.synthetic))
         if self.dataset == movielens.GENERIC:
             params["generic"] = dataclasses.asdict(self.generic)
+        if self.eval_split != constants.TEST_SPLIT:
+            # Named only when not the default, so caches of the test split stay valid.
+            params["eval_split"] = self.eval_split
         return params
 
 
@@ -153,6 +164,7 @@ def preprocess(
     raw: RawRatings,
     min_num_ratings: int = constants.MIN_NUM_RATINGS,
     ml_perf: bool = False,
+    eval_split: str = constants.TEST_SPLIT,
 ) -> PreprocessedData:
     """Filters, indexes, sorts and splits `raw` (see the module docstring).
 
@@ -165,12 +177,21 @@ def preprocess(
         min_num_ratings: Users with fewer distinct items are dropped.
         ml_perf: Order same-time interactions of a user as the MLPerf reference did
             (an unstable quicksort on time first), instead of by file order.
+        eval_split: `constants.VALIDATION_SPLIT` also holds out each user's
+            second-to-last interaction, for validation.
 
     Raises:
-        DataError: no user has `min_num_ratings` interactions.
+        DataError: no user has `min_num_ratings` interactions, or `min_num_ratings`
+            leaves a user nothing to train on once the holdouts are taken.
     """
+    holdouts = 2 if eval_split == constants.VALIDATION_SPLIT else 1
     if min_num_ratings < 2:
         raise DataError("min_num_ratings must be at least 2: one to train on, one to hold out")
+    if min_num_ratings < 1 + holdouts:
+        raise DataError(
+            f"--eval_split validation needs --min_num_ratings of at least 3 (one interaction "
+            f"to train on, one to validate on, one to test on), not {min_num_ratings}"
+        )
     timestamps = raw.timestamps
     # Sorts and factorizations release the GIL, so the (user, time) sort of every row
     # runs in a worker beside the item factorization and the search for repeated pairs
@@ -198,6 +219,10 @@ def preprocess(
                 f"a larger dataset or lower --min_num_ratings"
             )
         if not kept_users.all():
+            _log_dropped(
+                len(kept_users) - np.count_nonzero(kept_users),
+                f"users with fewer than {min_num_ratings} distinct items",
+            )
             keep &= kept_users[user_index]
         order = order.result()
     if not keep.all():
@@ -214,13 +239,17 @@ def preprocess(
     sorted_items = item_index.astype(constants.INDEX_DTYPE)[order]
     ends = np.cumsum(user_counts)
     is_holdout = np.zeros(len(order), dtype=bool)
-    is_holdout[ends - 1] = True
+    for last in range(1, holdouts + 1):  # the test item, then the validation item
+        is_holdout[ends - last] = True
     return PreprocessedData(
         user_ids=np.asarray(user_ids, dtype=constants.RAW_ID_DTYPE),
         item_ids=np.asarray(item_ids, dtype=constants.RAW_ID_DTYPE),
-        train_offsets=np.concatenate([[0], ends - np.arange(1, len(ends) + 1)]).astype(np.int64),
+        train_offsets=np.concatenate([[0], ends - holdouts * np.arange(1, len(ends) + 1)]).astype(
+            np.int64
+        ),
         train_items=sorted_items[~is_holdout],
-        eval_items=sorted_items[is_holdout],
+        eval_items=sorted_items[ends - 1],
+        validation_items=sorted_items[ends - 2] if holdouts == 2 else None,
     )
 
 
@@ -297,15 +326,21 @@ def _stable_argsort_small_ints(values: np.ndarray) -> np.ndarray:
     return keys
 
 
-def from_ncf_split(split: ratings_readers.NcfSplitFiles) -> PreprocessedData:
+def from_ncf_split(
+    split: ratings_readers.NcfSplitFiles, eval_split: str = constants.TEST_SPLIT
+) -> PreprocessedData:
     """Uses the NCF paper's split as given: its ids are already dense indexes.
 
     The test and negative files are kept as they are (their rows are the evaluation
     set); a training pair equal to its user's test pair, which would train on the
     evaluation positive, is dropped, and repeated training pairs keep their last line.
+    With `constants.VALIDATION_SPLIT`, each user's latest training line (by time, then
+    the last in the file; the last line when the file has no time) becomes the
+    validation item: the paper's split has no validation set of its own.
 
     Raises:
-        DataError: the split is not one holdout per user for users 0..n-1.
+        DataError: the split is not one holdout per user for users 0..n-1, or, for
+            validation, a user has fewer than two training items.
     """
     num_users = len(split.test_users)
     if not np.array_equal(split.test_users, np.arange(num_users)):
@@ -334,8 +369,25 @@ def from_ncf_split(split: ratings_readers.NcfSplitFiles) -> PreprocessedData:
     _log_dropped(len(repeated), f"repeated training pairs of {split.sources[0]}")
     keep[keep_rows[repeated]] = False
     train_users, train_items = split.train_users[keep], split.train_items[keep]
-    order = np.argsort(train_users, kind="stable")
     counts = np.bincount(train_users, minlength=num_users)
+    validation_items = None
+    if eval_split == constants.VALIDATION_SPLIT:
+        if counts.min() < 2:
+            user = int(np.argmin(counts))
+            raise DataError(
+                f"user {user} has {counts[user]} training item(s) in {split.sources[0]}: "
+                "--eval_split validation takes each user's latest one for validation and "
+                "needs another to train on; use --eval_split test with these files"
+            )
+        times = () if split.train_timestamps is None else (split.train_timestamps[keep],)
+        # Stable: in each user's rows by time, equal times keep file order; take the last.
+        latest = np.lexsort((*times, train_users))[np.cumsum(counts) - 1]
+        validation_items = train_items[latest].astype(constants.INDEX_DTYPE)
+        is_train = np.ones(len(train_users), dtype=bool)
+        is_train[latest] = False
+        train_users, train_items = train_users[is_train], train_items[is_train]
+        counts -= 1
+    order = np.argsort(train_users, kind="stable")
     return PreprocessedData(
         user_ids=np.arange(num_users, dtype=constants.RAW_ID_DTYPE),
         item_ids=np.arange(num_items, dtype=constants.RAW_ID_DTYPE),
@@ -343,6 +395,7 @@ def from_ncf_split(split: ratings_readers.NcfSplitFiles) -> PreprocessedData:
         train_items=train_items[order].astype(constants.INDEX_DTYPE),
         eval_items=split.test_items.astype(constants.INDEX_DTYPE),
         eval_negatives=split.test_negatives.astype(constants.INDEX_DTYPE),
+        validation_items=validation_items,
     )
 
 
@@ -356,7 +409,7 @@ def build(config: DataConfig) -> tuple[PreprocessedData, tuple[str, ...]]:
     info = movielens.dataset_info(config.dataset)
     if info.kind == "ncf_split":
         split = ratings_readers.read_ncf_split(config.data_dir, config.dataset)
-        return from_ncf_split(split), split.sources
+        return from_ncf_split(split, config.eval_split), split.sources
     if info.kind == "synthetic":
         raw = synthetic_data.generate(config.synthetic, config.seed)
     elif info.kind == "generic":
@@ -367,7 +420,7 @@ def build(config: DataConfig) -> tuple[PreprocessedData, tuple[str, ...]]:
         raw = ratings_readers.read_movielens(
             config.data_dir, config.dataset, config.download_if_missing, config.url_base
         )
-    data = preprocess(raw, config.min_num_ratings, config.ml_perf)
+    data = preprocess(raw, config.min_num_ratings, config.ml_perf, config.eval_split)
     return data, raw.sources
 
 

@@ -361,7 +361,8 @@ def _parity_sample(data: PreprocessedData) -> tuple[np.ndarray, np.ndarray]:
 
 
 def export_from_checkpoint(config: ncf_common.NcfConfig) -> float | None:
-    """Exports the latest checkpoint in ``config.model_dir`` (see `export_serving`).
+    """Exports the latest checkpoint in ``config.model_dir`` (see `export_serving`);
+    with ``--eval_split validation`` the weights of the epoch validation selected.
 
     Raises:
         ExportError: no checkpoint.
@@ -382,6 +383,8 @@ def export_from_checkpoint(config: ncf_common.NcfConfig) -> float | None:
         raise ExportError(
             f"no checkpoint in --model_dir {config.model_dir}; train with ncf-main first"
         )
+    if config.data.eval_split == constants.VALIDATION_SPLIT:
+        runner.restore_best()
     return export_serving(runner, data, config.export_dir, config.export_onnx)
 
 

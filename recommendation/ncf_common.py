@@ -221,6 +221,16 @@ DATA_FLAGS = (
         "Match the MLPerf reference's data handling (ordering of same-second ratings).",
         field="data.ml_perf",
     ),
+    FlagSpec(
+        "eval_split",
+        "What each train/eval cycle evaluates on. test: every user's last interaction "
+        "(the MLPerf and NCF protocol). validation: the second-to-last (on the NCF paper "
+        "split, the latest training line) is held out too; cycles evaluate on it "
+        "(--hr_threshold included), and the run restores the epoch with the best "
+        "validation HR and evaluates the test holdout once, on it.",
+        field="data.eval_split",
+        choices=constants.EVAL_SPLITS,
+    ),
     SEED,
     FlagSpec(
         "cache_max_age_sec",

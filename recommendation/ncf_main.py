@@ -7,11 +7,17 @@ Flags are parsed here only; `NcfConfig` carries them inward. The loop: prepare t
 data (cached), start the negative-sampling producer, then per cycle of
 --epochs_between_evals epochs train on its shards, checkpoint, evaluate HR/NDCG on
 the held-out items, log, and stop early once the threshold is reached.
+
+With ``--eval_split validation`` the cycles evaluate on the validation items (the
+threshold too), each epoch's metrics are kept in model_dir (`ValidationHistory`) and
+the best epoch's weights beside them (`Runner.save_best`); at the end that epoch is
+restored and the test holdout evaluated once, on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -21,11 +27,12 @@ from absl import app, flags, logging
 from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
-from official.utils.misc import distribution_utils, errors, model_dir, signals
+from official.utils.misc import atomic, distribution_utils, errors, model_dir, signals
 from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.progress import ProgressBar
 from official.utils.misc.runner import Runner, completed_epochs_of
 from recommendation import (
+    constants,
     data_pipeline,
     data_preprocessing,
     export,
@@ -37,7 +44,9 @@ from recommendation import (
 )
 from recommendation.data_preprocessing import PreprocessedData
 from recommendation.ncf_common import NcfConfig
-from recommendation.run_folder import GenerationParams
+from recommendation.run_folder import EvalInfo, GenerationParams
+
+VALIDATION_HISTORY_FILE = "validation_history.json"  # in model_dir
 
 
 def _cycles(first_epoch: int, train_epochs: int, epochs_between_evals: int) -> tuple[int, ...]:
@@ -118,6 +127,7 @@ def run(config: NcfConfig) -> RunResult:
         signals.Interrupted: A stop signal arrived (with what was kept, for a resume).
     """
     start = time.perf_counter()
+    _check_eval_split(config)
     if config.export_onnx:
         export.require_onnx()  # before training, not after it
     distribution_utils.configure_threads(config.inter_op_threads, config.intra_op_threads)
@@ -164,6 +174,116 @@ def run(config: NcfConfig) -> RunResult:
             summary["onnx_max_score_difference"] = parity
     benchmark.log("summary", **summary)
     return RunResult(summary, runner)
+
+
+def _check_eval_split(config: NcfConfig) -> None:
+    """Rejects what cannot go with ``--eval_split validation``.
+
+    Raises:
+        ValueError: MLPerf compliance logging (its protocol evaluates every cycle on
+            the test holdout), or synthetic batches (nothing is evaluated).
+    """
+    if config.data.eval_split != constants.VALIDATION_SPLIT:
+        return
+    if config.mlperf is not None:
+        raise ValueError(
+            "--output_ml_perf_compliance_logging records the MLPerf protocol, which "
+            "evaluates every cycle on the test holdout: drop --eval_split validation for "
+            "a compliance run"
+        )
+    if config.use_synthetic_data:
+        raise ValueError(
+            "--use_synthetic_data measures training throughput and evaluates nothing: "
+            "drop --eval_split validation"
+        )
+
+
+class ValidationHistory:
+    """Each epoch's validation HR and NDCG of the run in model_dir, so that a resumed
+    run selects over every epoch, those of the runs before it included.
+
+    Kept in ``model_dir/validation_history.json``, rewritten atomically after each
+    evaluation and created before the first checkpoint, so a model_dir with
+    checkpoints and no history holds a run of the test split. The best epoch's weights
+    are kept beside it (`Runner.save_best`), saved before the history names them.
+
+    Args:
+        path: The JSON file.
+        epochs: ``{"epoch", "hr", "ndcg"}`` per evaluated epoch, in epoch order.
+        writer: Whether this task writes the file (the chief).
+    """
+
+    def __init__(self, path: str, epochs: list[dict], writer: bool) -> None:
+        self.path = path
+        self.epochs = epochs
+        self.writer = writer
+
+    @classmethod
+    def open(
+        cls, config: NcfConfig, completed_epochs: int, chief: bool
+    ) -> ValidationHistory | None:
+        """The history of the run in model_dir (a new one for a fresh run), or None
+        for the test split.
+
+        Raises:
+            ModelDirError: model_dir holds checkpoints of a run of the other split:
+                its epochs trained on other data.
+        """
+        path = os.path.join(config.model_dir, VALIDATION_HISTORY_FILE)
+        resumed = completed_epochs > 0
+        if config.data.eval_split != constants.VALIDATION_SPLIT:
+            if resumed and tf.io.gfile.exists(path):
+                raise ModelDirError(
+                    f"{config.model_dir} holds a run of --eval_split validation (it trained "
+                    "without the validation items): resume it with --eval_split validation, "
+                    "or start over with --clean or another --model_dir"
+                )
+            return None
+        if not resumed:
+            history = cls(path, [], chief)
+            history.save()
+            return history
+        if not tf.io.gfile.exists(path):
+            raise ModelDirError(
+                f"{config.model_dir} holds a run of --eval_split test (it has no "
+                f"{VALIDATION_HISTORY_FILE}; it trained on the validation items): resume it "
+                "with --eval_split test, or start over with --clean or another --model_dir"
+            )
+        with tf.io.gfile.GFile(path) as stream:
+            epochs = json.load(stream)["epochs"]
+        # Epochs past the restored checkpoint were not kept: they are trained again.
+        return cls(path, [e for e in epochs if e["epoch"] < completed_epochs], chief)
+
+    def has(self, epoch: int) -> bool:
+        return any(record["epoch"] == epoch for record in self.epochs)
+
+    def best(self) -> dict:
+        """The epoch with the highest validation HR (ties: the earliest)."""
+        return max(self.epochs, key=lambda record: record["hr"])
+
+    def record(self, runner: Runner, epoch: int, evaluation: dict) -> None:
+        """Adds `epoch`'s validation metrics, first keeping the model as the best if
+        its HR beats every earlier epoch's (all tasks must call).
+
+        Raises:
+            ModelDirError: The best checkpoint or the history could not be written.
+        """
+        if not self.epochs or evaluation["hr"] > self.best()["hr"]:
+            runner.save_best()
+        self.epochs.append({"epoch": epoch, "hr": evaluation["hr"], "ndcg": evaluation["ndcg"]})
+        self.save()
+
+    def save(self) -> None:
+        if not self.writer:
+            return
+        text = json.dumps({"eval_split": constants.VALIDATION_SPLIT, "epochs": self.epochs})
+        try:
+            atomic.write_file(self.path, text)
+        except (tf.errors.OpError, OSError) as error:
+            folder = os.path.dirname(self.path)
+            raise ModelDirError(
+                errors.write_failure(error, "the validation history", folder, "--model_dir")
+            ) from None
 
 
 def _kept_for_resume(config: NcfConfig) -> str:
@@ -223,6 +343,8 @@ def _train_and_evaluate(
     start: float,
 ) -> dict:
     first_epoch = int(runner.completed_epochs.numpy())
+    history = ValidationHistory.open(config, first_epoch, runner.is_chief)
+    split = config.data.eval_split
     cycles = _cycles(first_epoch, config.train_epochs, config.epochs_between_evals)
     params = _generation_params(config, data, runner, cycles, first_epoch, mlperf)
     _log_hparams(mlperf, config, runner.params, data, params)
@@ -247,7 +369,12 @@ def _train_and_evaluate(
         params, run_root, config.use_subprocess, config.data_stall_timeout_sec, start_run
     ) as producer:
         mlperf.event("train_loop")
-        eval_info = producer.eval_data()
+        eval_info = producer.eval_data(split)
+        if history is not None and first_epoch and not history.has(first_epoch - 1):
+            # Stopped between its checkpoint and the history: the restored model is
+            # that epoch's, so its evaluation is the one missed.
+            restored = _evaluate(runner, eval_info, first_epoch - 1, mlperf)
+            history.record(runner, first_epoch - 1, restored)
         epoch = first_epoch
         for index, epochs in enumerate(cycles):
             signals.check()
@@ -274,6 +401,8 @@ def _train_and_evaluate(
             runner.completed_epochs.assign(epoch)
             runner.save_checkpoint()
             evaluation = _evaluate(runner, eval_info, epoch - 1, mlperf)
+            if history is not None:
+                history.record(runner, epoch - 1, evaluation)
             summary["epochs"] = epoch
             summary["train_points"] += train["num_points"]
             summary["train_seconds"] += train["seconds"]
@@ -285,9 +414,23 @@ def _train_and_evaluate(
                 break
         if not cycles:
             # A finished run resumed: nothing to train, so report its restored model.
-            evaluation = _evaluate(runner, eval_info, first_epoch - 1, mlperf)
-            best = {"hr": evaluation["hr"], "ndcg": evaluation["ndcg"], "epoch": first_epoch - 1}
             summary["resumed_finished_run"] = runner.latest_checkpoint
+            if history is None:
+                evaluation = _evaluate(runner, eval_info, first_epoch - 1, mlperf)
+                best = {
+                    "hr": evaluation["hr"],
+                    "ndcg": evaluation["ndcg"],
+                    "epoch": first_epoch - 1,
+                }
+        summary["eval_split"] = split
+        if history is not None:
+            best = history.best()
+            test = _test_selected(runner, best["epoch"], producer.eval_data(), mlperf)
+            summary.update(test_hr=test["hr"], test_ndcg=test["ndcg"])
+            if writer is not None:
+                with writer.as_default(step=runner.global_step):
+                    tf.summary.scalar("test_hr", test["hr"])
+                    tf.summary.scalar("test_ndcg", test["ndcg"])
         reached = summary["time_to_target_s"] is not None
         mlperf.event("run_stop", status=mlperf_helper.SUCCESS if reached else mlperf_helper.ABORTED)
     trained = summary["train_seconds"] > 0
@@ -301,7 +444,33 @@ def _train_and_evaluate(
     return summary
 
 
-def _evaluate(runner: Runner, eval_info, epoch: int, mlperf: MlperfLogger) -> dict:
+def _test_selected(runner: Runner, epoch: int, test_info: EvalInfo, mlperf: MlperfLogger) -> dict:
+    """Restores the weights of `epoch` (kept as the best) and evaluates the test set.
+
+    Raises:
+        ModelDirError: The kept checkpoint is not that epoch's.
+    """
+    path = runner.restore_best()
+    kept = completed_epochs_of(path) - 1
+    if kept != epoch:
+        raise ModelDirError(
+            f"{path} holds epoch {kept}, but the validation history of {runner.model_dir} "
+            f"selects epoch {epoch}; start over with --clean or another --model_dir"
+        )
+    test = _evaluate(runner, test_info, epoch, mlperf)
+    logging.info(
+        "epoch %d, selected on validation, restored from %s: test HR@%d=%.4f NDCG@%d=%.4f",
+        epoch,
+        path,
+        runner.params.top_k,
+        test["hr"],
+        runner.params.top_k,
+        test["ndcg"],
+    )
+    return test
+
+
+def _evaluate(runner: Runner, eval_info: EvalInfo, epoch: int, mlperf: MlperfLogger) -> dict:
     """HR and NDCG of the model as it is, logged as the evaluation after `epoch`."""
     mlperf.event("eval_start", epoch_num=epoch)
     evaluation = runner.evaluate(
@@ -385,13 +554,17 @@ def _report(
     train: dict,
     evaluation: dict,
 ) -> None:
-    """One evaluation to the log, TensorBoard and the benchmark log."""
+    """One evaluation to the log, TensorBoard and the benchmark log (the validation
+    split's under names that say so)."""
     rate = train["num_points"] / train["seconds"]
     top_k = config.model.top_k
+    split = config.data.eval_split
+    validating = split == constants.VALIDATION_SPLIT
     logging.info(
-        "epoch %d: loss=%.4f HR@%d=%.4f NDCG@%d=%.4f (%.0f examples/s, eval %.1f s)",
+        "epoch %d: loss=%.4f %sHR@%d=%.4f NDCG@%d=%.4f (%.0f examples/s, eval %.1f s)",
         epoch,
         train["loss"],
+        "validation " if validating else "",
         top_k,
         evaluation["hr"],
         top_k,
@@ -402,12 +575,14 @@ def _report(
     if writer is not None:
         with writer.as_default(step=runner.global_step):
             tf.summary.scalar("loss", train["loss"])
-            tf.summary.scalar("hr", evaluation["hr"])
-            tf.summary.scalar("ndcg", evaluation["ndcg"])
+            prefix = "validation_" if validating else ""
+            tf.summary.scalar(f"{prefix}hr", evaluation["hr"])
+            tf.summary.scalar(f"{prefix}ndcg", evaluation["ndcg"])
             tf.summary.scalar("examples_per_second", rate)
     benchmark.log(
         "evaluation",
         epoch=epoch,
+        split=split,
         loss=train["loss"],
         hr=evaluation["hr"],
         ndcg=evaluation["ndcg"],
@@ -449,17 +624,32 @@ def summary_line(summary: dict, top_k: int) -> str:
             f"examples/s over {summary['epochs']} epoch(s)"
         )
     metrics = f"HR@{top_k}={summary['best_hr']:.4f} NDCG@{top_k}={summary['best_ndcg']:.4f}"
+    validated = summary.get("test_hr") is not None
+    if validated:
+        metrics = (
+            f"validation {metrics}; test HR@{top_k}={summary['test_hr']:.4f} "
+            f"NDCG@{top_k}={summary['test_ndcg']:.4f}"
+        )
     if summary.get("resumed_finished_run"):
+        scores = (
+            f"epoch {summary['best_epoch']}, selected on validation, scores {metrics}"
+            if validated
+            else f"its model scores {metrics}"
+        )
         return (
             f"nothing left to train: {summary['resumed_finished_run']} holds all "
-            f"{summary['epochs']} epochs; its model scores {metrics}. --train_epochs above "
+            f"{summary['epochs']} epochs; {scores}. --train_epochs above "
             f"{summary['epochs']} trains on, --clean starts over"
         )
     target = summary.get("time_to_target_s")
     reached = f"target reached in {target:.1f} s" if target else "target not reached"
+    if validated:
+        best = f"selected epoch {summary['best_epoch']}: {metrics}"
+    else:
+        best = f"best {metrics} (epoch {summary['best_epoch']})"
     return (
-        f"best {metrics} (epoch {summary['best_epoch']}), {summary['epochs']} epochs, "
-        f"{reached}, {summary['examples_per_second']:,.0f} training examples/s, "
+        f"{best}, {summary['epochs']} epochs, {reached}, "
+        f"{summary['examples_per_second']:,.0f} training examples/s, "
         f"{summary['total_seconds']:.1f} s in all"
     )
 

@@ -25,9 +25,10 @@ from official.utils.misc import atomic
 from recommendation import constants, movielens
 from recommendation.movielens import DataError, FileFormat
 
-# The NCF paper's *.rating files have 4 fields upstream, 3 in some copies: 0 = as found.
+# The NCF paper's *.rating files have 4 fields upstream (user, item, rating, time), 3 in
+# some copies (no time): 0 = as found.
 NCF_RATING_FORMAT = FileFormat(
-    "\t", header=False, num_fields=0, user_field=0, item_field=1, timestamp_field=None
+    "\t", header=False, num_fields=0, user_field=0, item_field=1, timestamp_field=3
 )
 
 
@@ -62,6 +63,8 @@ class NcfSplitFiles:
         test_negatives: `(u, k)` int64 fixed evaluation negatives, rows aligned with
             `test_users`.
         sources: The three files.
+        train_timestamps: `(n,)` int64 times of the training lines, or None when the
+            file has none (``--eval_split validation`` holds out each user's latest).
     """
 
     train_users: np.ndarray
@@ -70,6 +73,7 @@ class NcfSplitFiles:
     test_items: np.ndarray
     test_negatives: np.ndarray
     sources: tuple[str, ...]
+    train_timestamps: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +136,14 @@ def read_ratings_file(path: str, file_format: FileFormat) -> RawRatings:
     """
     require_file(path)
     if file_format.num_fields == 0:
+        # As many fields as the first line has; a time field past them is absent.
         found = len(_first_line(path).split(file_format.separator))
-        file_format = dataclasses.replace(file_format, num_fields=found)
+        timestamp_field = file_format.timestamp_field
+        if timestamp_field is not None and timestamp_field >= found:
+            timestamp_field = None
+        file_format = dataclasses.replace(
+            file_format, num_fields=found, timestamp_field=timestamp_field
+        )
     separator = ":" if file_format.separator == "::" else file_format.separator
     stride = 2 if file_format.separator == "::" else 1
     num_columns = (file_format.num_fields - 1) * stride + 1
@@ -278,6 +288,7 @@ def read_ncf_split(data_dir: str, name: str) -> NcfSplitFiles:
         test_items=test.items,
         test_negatives=negatives[:, 2:],
         sources=(train_path, test_path, negative_path),
+        train_timestamps=train.timestamps,
     )
 
 

@@ -7,7 +7,9 @@ other's files. In order:
 
 1. the producer writes ``alive.json``; the trainer answers with ``params.json``
    (`GenerationParams`);
-2. the producer writes the evaluation set once into ``eval/``, then training cycles
+2. the producer writes the evaluation set once into ``eval/`` (and, for
+   ``--eval_split validation``, the validation set into ``validation/`` first), then
+   training cycles
    ``cycle_00000/``, ``cycle_00001/`` ... at most `cycles_to_buffer` ahead of the
    trainer, which deletes each cycle once it has read it;
 3. each folder holds shards of batch-serialised TFRecords (one record = one whole
@@ -45,7 +47,8 @@ PARAMS_FILE = "params.json"  # trainer: generate this
 PROGRESS_FILE = "progress.json"  # producer: still working (rewritten as work advances)
 READY_FILE = "READY.json"  # producer: this folder is complete
 PRODUCER_LOG = "producer.log"
-EVAL_FOLDER = "eval"
+# The folder of each evaluation set, by split.
+EVAL_FOLDERS = {constants.TEST_SPLIT: "eval", constants.VALIDATION_SPLIT: "validation"}
 # Starts the one line the producer writes to its log when its files cannot be written.
 FAILURE_PREFIX = "error: "
 
@@ -64,8 +67,8 @@ def new_run_dir(run_root: str) -> str:
     return os.path.join(run_root, f"ncf_run_{int(time.time())}_{uuid.uuid4().hex[:8]}")
 
 
-def eval_folder(run_dir: str) -> str:
-    return os.path.join(run_dir, EVAL_FOLDER)
+def eval_folder(run_dir: str, split: str = constants.TEST_SPLIT) -> str:
+    return os.path.join(run_dir, EVAL_FOLDERS[split])
 
 
 def cycle_folder(run_dir: str, cycle: int) -> str:

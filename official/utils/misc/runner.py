@@ -7,7 +7,8 @@ and a runner with ``train(input_fn, steps)``, ``evaluate(input_fn, steps)`` and
 
 - builds the variables once, under a ``tf.distribute`` strategy scope;
 - checkpoints with ``tf.train.CheckpointManager`` and resumes from the latest
-  checkpoint in ``model_dir`` unless asked to start clean;
+  checkpoint in ``model_dir`` unless asked to start clean; a model chosen as the best
+  (on validation) is kept apart, in ``model_dir/best/``, beyond the manager's pruning;
 - runs several steps per ``tf.function`` call (``steps_per_call``), optionally
   XLA-compiled, to cut Python overhead;
 - splits each global batch of the input into per-replica slices itself, so static
@@ -29,7 +30,9 @@ import tensorflow as tf
 from absl import logging
 
 from official.utils.misc import distribution_utils, signals
-from official.utils.misc.model_dir import restore_latest, save_checkpoint
+from official.utils.misc.model_dir import ModelDirError, restore_latest, save_checkpoint
+
+BEST_FOLDER = "best"  # under model_dir: the checkpoint `Runner.save_best` keeps
 
 
 class Mode(enum.Enum):
@@ -144,6 +147,7 @@ class Runner:
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, self._checkpoint_dir(), max_to_keep=keep_checkpoints
         )
+        self._best_manager: tf.train.CheckpointManager | None = None
         self._train_call = None
         self._eval_call = None
         # Each mode's `ModelSpec.summarize`, taken from the spec when the step is traced.
@@ -162,12 +166,15 @@ class Runner:
             completed_epochs=self.completed_epochs,
         )
 
-    def _checkpoint_dir(self) -> str:
+    def _checkpoint_dir(self, folder: str = "") -> str:
+        """Where this task writes its checkpoints (`folder` below it, if given)."""
         if self.is_chief:
-            return self.model_dir
-        # Every worker must take part in saving; only the chief's copy is kept.
-        task = self.strategy.cluster_resolver.task_id
-        return os.path.join(self.model_dir, f".worker_temp_{task}")
+            directory = self.model_dir
+        else:
+            # Every worker must take part in saving; only the chief's copy is kept.
+            task = self.strategy.cluster_resolver.task_id
+            directory = os.path.join(self.model_dir, f".worker_temp_{task}")
+        return os.path.join(directory, folder) if folder else directory
 
     def restore(self) -> bool:
         """Restores the latest checkpoint in model_dir, if any; True if one was found.
@@ -198,10 +205,50 @@ class Runner:
         Raises:
             ModelDirError: It could not be written (`model_dir.save_checkpoint`).
         """
-        path = save_checkpoint(self._manager, self.global_step)
+        return self._save(self._manager)
+
+    def _save(self, manager: tf.train.CheckpointManager) -> str | None:
+        path = save_checkpoint(manager, self.global_step)
         if not self.is_chief:
             tf.io.gfile.rmtree(self._checkpoint_dir())
             return None
+        return path
+
+    def save_best(self) -> str | None:
+        """Keeps the model as it is now as the best one, in ``model_dir/best/`` (all
+        workers must call): the per-cycle checkpoints are pruned to `keep_checkpoints`,
+        a model chosen on validation must outlive them. One is kept, the last saved;
+        it holds the weights and `completed_epochs` (what evaluation and export need).
+
+        Raises:
+            ModelDirError: It could not be written (`model_dir.save_checkpoint`).
+        """
+        if self._best_manager is None:
+            kept = self._weights_checkpoint(completed_epochs=self.completed_epochs)
+            self._best_manager = tf.train.CheckpointManager(
+                kept, self._checkpoint_dir(BEST_FOLDER), max_to_keep=1
+            )
+        return self._save(self._best_manager)
+
+    def _weights_checkpoint(self, **others) -> tf.train.Checkpoint:
+        # The weights as a list: a model's layers kept in a Python list (NeuMF's MLP) are
+        # not tracked through the model object; the per-cycle checkpoints hold them only
+        # through the optimizer, which a weights-only checkpoint leaves out.
+        return tf.train.Checkpoint(weights=list(self.state.model.weights), **others)
+
+    def restore_best(self) -> str:
+        """Restores the weights `save_best` kept (not the optimiser, nor the epoch
+        count: training does not go on from them); returns the checkpoint's path.
+
+        Raises:
+            ModelDirError: None was kept, or it does not fit this model.
+        """
+        directory = os.path.join(self.model_dir, BEST_FOLDER)
+        path = restore_latest(self._weights_checkpoint, directory)
+        if path is None:
+            raise ModelDirError(
+                f"no best checkpoint in {directory}; start over with --clean or another --model_dir"
+            )
         return path
 
     # -- input --------------------------------------------------------------
