@@ -174,7 +174,7 @@ def test_a_ready_file_is_written_only_after_every_shard_is_closed(cache_path, tm
     num_train = data_preprocessing.read_cache(cache_path).num_train_positives
     batches_per_epoch = -(-num_train * 5 // 256)
     expected = {
-        run_folder.EVAL_FOLDER: -(-200 // 48),
+        run_folder.EVAL_FOLDERS[constants.TEST_SPLIT]: -(-200 // 48),
         "cycle_00000": batches_per_epoch,
         "cycle_00001": 2 * batches_per_epoch,
     }
