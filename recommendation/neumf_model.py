@@ -209,22 +209,19 @@ class NeuMF(keras.Model):
 
     def call(self, inputs):
         users, items = inputs[constants.USER_COLUMN], inputs[constants.ITEM_COLUMN]
-        user = self.user_embedding(users)
-        item = self.item_embedding(items)
-        first_layer = None
         if self.mlp and self._project_tables_first(users.shape[0]):
-            first_layer = self._first_layer_from_tables(users, items)
-        return self.score(user, item, first_layer)
+            return self._score_from_tables(users, items)
+        return self.score(self.user_embedding(users), self.item_embedding(items))
 
-    def score(self, user, item, first_layer=None):
-        """Logits `(batch, 1)` from looked-up rows `(batch, width)` of each side;
-        `first_layer`, when given, is the first MLP layer's output already computed."""
+    def score(self, user, item):
+        """Logits `(batch, 1)` from looked-up rows `(batch, width)` of each side."""
         gmf = self.gmf(user[:, : self.mf_dim], item[:, : self.mf_dim])
-        layers = self.mlp
-        if first_layer is not None:
-            mlp, layers = first_layer, layers[1:]
-        else:
-            mlp = keras.ops.concatenate([user[:, self.mf_dim :], item[:, self.mf_dim :]], -1)
+        mlp = keras.ops.concatenate([user[:, self.mf_dim :], item[:, self.mf_dim :]], -1)
+        return self._head(gmf, mlp, self.mlp)
+
+    def _head(self, gmf, mlp, layers):
+        """Logits from the GMF vector and the MLP input (or, without the first of
+        `layers`, the first layer's output)."""
         for layer in layers:
             mlp = layer(mlp)
         return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))
@@ -242,14 +239,19 @@ class NeuMF(keras.Model):
             return False
         return self.num_users + self.num_items < 2 * batch_size
 
-    def _first_layer_from_tables(self, users, items):
-        user_table, item_table = (
-            self._first_layer_term(self._table_rows(embedding)[:, self.mf_dim :], side)
-            for side, embedding in enumerate((self.user_embedding, self.item_embedding))
-        )
-        return self._first_layer_output(
-            keras.ops.take(user_table, users, axis=0), keras.ops.take(item_table, items, axis=0)
-        )
+    def _score_from_tables(self, users, items):
+        """`call` with the first MLP layer applied to the tables: each example gathers
+        only its rows' GMF columns and their first-layer terms, so the backward pass
+        scatters no gradient of zeros into the MLP columns of a batch-sized tensor."""
+        gmf_rows, terms = [], []
+        for side, (embedding, ids) in enumerate(
+            ((self.user_embedding, users), (self.item_embedding, items))
+        ):
+            table = self._table_rows(embedding)
+            gmf_rows.append(keras.ops.take(table[:, : self.mf_dim], ids, axis=0))
+            term = self._first_layer_term(table[:, self.mf_dim :], side)
+            terms.append(keras.ops.take(term, ids, axis=0))
+        return self._head(self.gmf(*gmf_rows), self._first_layer_output(*terms), self.mlp[1:])
 
     def _table_rows(self, embedding: keras.layers.Embedding):
         return keras.ops.cast(embedding.embeddings, self.compute_dtype)
@@ -274,23 +276,21 @@ class NeuMF(keras.Model):
         if self.mlp:
             if item_term is None:
                 item_term = self._first_layer_term(item[..., self.mf_dim :], 1)
-            mlp = self._first_layer_output(
+            first = self._first_layer_output(
                 self._first_layer_term(user[..., self.mf_dim :], 0), item_term
             )
-            for layer in self.mlp[1:]:
-                mlp = layer(mlp)
-        else:
-            shape = keras.ops.shape(gmf)[:2]
-            mlp = keras.ops.concatenate(
-                [
-                    keras.ops.broadcast_to(
-                        part[..., self.mf_dim :], (*shape, part.shape[-1] - self.mf_dim)
-                    )
-                    for part in (user, item)
-                ],
-                axis=-1,
-            )
-        return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))[..., 0]
+            return self._head(gmf, first, self.mlp[1:])[..., 0]
+        shape = keras.ops.shape(gmf)[:2]
+        mlp = keras.ops.concatenate(
+            [
+                keras.ops.broadcast_to(
+                    part[..., self.mf_dim :], (*shape, part.shape[-1] - self.mf_dim)
+                )
+                for part in (user, item)
+            ],
+            axis=-1,
+        )
+        return self._head(gmf, mlp, ())[..., 0]
 
     def score_all_items(self, users):
         """Logits of every item for each of `users`: what top-k recommendation needs.
