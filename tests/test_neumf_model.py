@@ -391,6 +391,39 @@ def test_table_side_first_layer_is_the_same_function():
     assert model._project_tables_first(40) and not model._project_tables_first(5)
 
 
+def test_a_checkpoint_of_the_model_alone_holds_every_weight(tmp_path):
+    """`tf.train.Checkpoint(model=...)` without the optimizer restores the MLP too
+    (Keras' list of layers is invisible to TensorFlow's object graph)."""
+    params = _params()
+    trained, fresh = neumf_model.build_model(params), neumf_model.build_model(params)
+    for variable in trained.weights:
+        variable.assign(variable + 0.5)
+    path = tf.train.Checkpoint(model=trained).save(str(tmp_path / "model"))
+    tf.train.Checkpoint(model=fresh).restore(path).assert_consumed()
+    for saved, restored in zip(trained.weights, fresh.weights, strict=True):
+        np.testing.assert_array_equal(restored, saved, err_msg=saved.path)
+
+
+def test_dense_row_gradients_are_tensorflows_own_bit_for_bit():
+    """The scatter that densifies gather gradients (dense Adam's tables, the projected
+    first-layer terms) gives TensorFlow's UnsortedSegmentSum bits, repeated ids included."""
+    rng = np.random.default_rng(0)
+    table = tf.constant(rng.normal(size=(7, 5)), tf.float32)
+    ids = tf.constant(rng.integers(0, 7, 300), tf.int32)  # each row about 43 times
+    upstream = tf.constant(rng.normal(size=(300, 5)), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(table)
+        ours, theirs = neumf_model.take_rows(table, ids), tf.gather(table, ids)
+    np.testing.assert_array_equal(ours, theirs)
+    sparse = tape.gradient(theirs, table, output_gradients=upstream)
+    assert isinstance(sparse, tf.IndexedSlices)
+    expected = tf.convert_to_tensor(sparse).numpy()
+    np.testing.assert_array_equal(neumf_model.dense_gradient(sparse), expected)
+    dense = tape.gradient(ours, table, output_gradients=upstream)
+    assert not isinstance(dense, tf.IndexedSlices)
+    np.testing.assert_array_equal(dense, expected)
+
+
 @pytest.mark.parametrize(
     "layers", [(8, 6, 4), (8,)], ids=["with_mlp_layers", "embedding_concatenation_only"]
 )

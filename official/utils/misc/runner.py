@@ -231,9 +231,9 @@ class Runner:
         return self._save(self._best_manager)
 
     def _weights_checkpoint(self, **others) -> tf.train.Checkpoint:
-        # The weights as a list: a model's layers kept in a Python list (NeuMF's MLP) are
-        # not tracked through the model object; the per-cycle checkpoints hold them only
-        # through the optimizer, which a weights-only checkpoint leaves out.
+        # The weights as a list: Keras keeps layers held in a Python list out of
+        # TensorFlow's object graph (NeuMF registers its MLP layers as attributes for
+        # that reason; a model given to the Runner may not).
         return tf.train.Checkpoint(weights=list(self.state.model.weights), **others)
 
     def restore_best(self) -> str:
