@@ -10,6 +10,8 @@ Suites (each prints a table; both systems run on this machine, in this run):
 - ``time_to_target``: wall time from a cold start (preprocessing included) to HR@10
   >= --target on ML-1M (999 evaluation negatives), ours vs the peer; also the time our
   trainer waited for data after the first cycle, as a share of its step time.
+- ``convergence``: MLPerf-style runs of the ML-1M defaults over seeds, each stopping at
+  HR@10 >= --convergence_target, with compliance logs scored by mlperf_score.py.
 - ``paper``: the NCF paper protocol (``ncf-ml-1m`` split, 99 fixed negatives) at
   factors 8, 16, 32 and 64 over seeds, the epoch selected on a validation holdout and
   the test holdout reported once, beside the paper's Table 2 (NeuMF without
@@ -32,6 +34,9 @@ import tempfile
 import time
 
 from official.utils.misc import machine  # no TensorFlow import
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mlperf_score  # noqa: E402  (a sibling script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]
@@ -366,6 +371,57 @@ def time_to_target(args, work: str) -> None:
         print(f"ours / fastest peer wall time: {ratio:.3f} (target <= 0.15, issue 18)")
 
 
+def convergence(args, work: str) -> None:
+    """MLPerf-style convergence of the ML-1M defaults over seeds: each run stops at
+    HR@10 >= --convergence_target (999 evaluation negatives) or after its default
+    epochs, with a compliance log; the logs are then scored by scripts/mlperf_score.py."""
+    data_dir = ml1m_data_dir(args.ratings, work, "convergence_data")
+    logs = os.path.join(work, "convergence_logs")
+    os.makedirs(logs, exist_ok=True)
+    print(
+        f"\nconvergence of the ML-1M defaults to HR@10 >= {args.convergence_target} "
+        f"(999 evaluation negatives), seeds 1 to {args.convergence_seeds}"
+    )
+    print(f"{'seed':>4} {'reached':>7} {'epochs':>6} {'HR@10 by epoch':<60} {'wall s':>7}")
+    best, reached_after = [], []
+    for seed in range(1, args.convergence_seeds + 1):
+        name = f"convergence_seed{seed}"
+        log_file = os.path.join(logs, f"seed{seed:02d}.log")
+        seconds, _ = _ours(
+            [
+                "--dataset=ml-1m",
+                f"--data_dir={data_dir}",
+                f"--model_dir={work}/{name}",
+                "--clean",
+                f"--hr_threshold={args.convergence_target}",
+                f"--seed={seed}",
+                "--output_ml_perf_compliance_logging",
+                f"--mlperf_log_file={log_file}",
+                "--nomlperf_clear_caches",
+                f"--benchmark_log_dir={work}/{name}",
+            ],
+            f"{work}/{name}.log",
+        )
+        records = _records(f"{work}/{name}/benchmark.jsonl")
+        rates = [record["hr"] for record in records if record.get("kind") == "evaluation"]
+        hit = next((i + 1 for i, hr in enumerate(rates) if hr >= args.convergence_target), None)
+        best.append(max(rates))
+        if hit is not None:
+            reached_after.append(hit)
+        print(
+            f"{seed:>4} {'yes' if hit else 'no':>7} {hit or len(rates):>6} "
+            f"{' '.join(f'{hr:.4f}' for hr in rates):<60} {seconds:>7.0f}"
+        )
+    mean, sd = mean_and_sd(best)
+    print(
+        f"reached: {len(reached_after)} of {args.convergence_seeds}; epochs to reach: "
+        f"{', '.join(map(str, reached_after)) or '-'}; best HR@10 mean {mean:.4f}, sd {sd:.4f}, "
+        f"range {min(best):.4f} to {max(best):.4f}"
+    )
+    print(f"\nscripts/mlperf_score.py {logs}:")
+    mlperf_score.main([logs])
+
+
 PAPER_TOWER_DEPTHS = {"text": 3, "code": 4, "deep": 5}  # entries of --layers
 
 
@@ -492,7 +548,10 @@ def _last_summary(path: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--suite", action="append", required=True, choices=["throughput", "time_to_target", "paper"]
+        "--suite",
+        action="append",
+        required=True,
+        choices=["throughput", "time_to_target", "paper", "convergence"],
     )
     parser.add_argument("--ratings", help="ML-1M ratings.dat")
     parser.add_argument("--ncf_dir", help="folder holding ml-1m.train.rating etc.")
@@ -516,6 +575,10 @@ def main() -> None:
         "--log_dir",
         help="keep every run's log and model here (default: a "
         "temporary folder, deleted at the end)",
+    )
+    parser.add_argument("--convergence_seeds", type=int, default=10)
+    parser.add_argument(
+        "--convergence_target", type=float, default=0.23, help="HR@10, 999 negatives"
     )
     parser.add_argument("--paper_epochs", type=int, default=12)
     parser.add_argument(
@@ -578,9 +641,13 @@ def main() -> None:
         work = args.log_dir or temp_dir
         os.makedirs(work, exist_ok=True)
         for suite in args.suite:
-            {"throughput": throughput, "time_to_target": time_to_target, "paper": paper}[suite](
-                args, work
-            )
+            suites = {
+                "throughput": throughput,
+                "time_to_target": time_to_target,
+                "paper": paper,
+                "convergence": convergence,
+            }
+            suites[suite](args, work)
 
 
 if __name__ == "__main__":
