@@ -23,7 +23,7 @@ from official.utils.flags.core import NON_NEGATIVE, POSITIVE, Check, FlagSpec, R
 from official.utils.logs.mlperf_helper import MlperfOptions
 from recommendation import constants, movielens, ratings_readers
 from recommendation.data_preprocessing import DataConfig
-from recommendation.neumf_model import EMBEDDING_INITS, ModelParams
+from recommendation.neumf_model import EMBEDDING_INITS, MODEL_KINDS, OPTIMIZERS, ModelParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,10 @@ class NcfConfig:
         num_neg, num_eval_negatives: Negatives per positive / per evaluation user.
         hr_threshold: Stop once HR@top_k reaches it.
         model: NeuMF and optimiser hyper-parameters (sizes filled in from the data).
+        pretrain_gmf_dir, pretrain_mlp_dir: model_dirs of finished GMF and MLP runs on
+            the same data, whose models start a fresh NeuMF run (both or neither).
+        pretrain_alpha: The GMF model's weight in NeuMF's initial logit layer (the MLP
+            model's is 1 - alpha).
         seed: Fixes data and initialisation (None: random).
         use_synthetic_data: Train on random in-memory batches, no evaluation.
         batches_per_step: Training steps per compiled call.
@@ -74,6 +78,9 @@ class NcfConfig:
     num_eval_negatives: int = constants.NUM_EVAL_NEGATIVES
     hr_threshold: float = 1.0
     model: ModelParams = ModelParams(num_users=0, num_items=0)
+    pretrain_gmf_dir: str | None = None
+    pretrain_mlp_dir: str | None = None
+    pretrain_alpha: float = 0.5
     seed: int | None = None
     use_synthetic_data: bool = False
     batches_per_step: int = 1
@@ -163,7 +170,7 @@ NUM_NEG = FlagSpec(
 )
 LEARNING_RATE = FlagSpec(
     "learning_rate",
-    "Adam learning rate.",
+    "Learning rate of the optimiser.",
     field="model.learning_rate",
     short_name="lr",
     checks=(POSITIVE,),
@@ -296,6 +303,42 @@ NCF_FLAGS = (
     ),
     *core.at(flags_core.DISTRIBUTION_FLAGS, tpu_gcp_project="tpu_project"),
     *flags_core.BENCHMARK_FLAGS,
+    FlagSpec(
+        "model",
+        "What to train: neumf (GMF and MLP parts, one table per side of width "
+        "--num_factors + --layers[0]/2), or the NCF paper's gmf (--num_factors wide "
+        "tables, their element-wise product, a logit) or mlp (--layers[0]/2 wide tables, "
+        "the MLP tower, a logit) alone, e.g. to pretrain NeuMF (--pretrain_gmf_dir).",
+        field="model.model_kind",
+        choices=MODEL_KINDS,
+    ),
+    *(
+        FlagSpec(
+            f"pretrain_{kind}_dir",
+            f"model_dir of a finished ncf-main --model {kind} run on the same data and "
+            "sizes; with --pretrain_gmf_dir and --pretrain_mlp_dir (both) a fresh "
+            "--model neumf run starts from their models (the NCF paper's pre-training: "
+            "tables side by side, the MLP's layers, the logit layers weighed by "
+            "--pretrain_alpha), from the latest checkpoint, or for an --eval_split "
+            "validation run the selected one (MODEL_DIR/best). A resumed run restores its "
+            "own checkpoint instead.",
+        )
+        for kind in ("gmf", "mlp")
+    ),
+    FlagSpec(
+        "pretrain_alpha",
+        "Weight of the pretrained GMF model in NeuMF's initial logit layer, the MLP's "
+        "being 1 - alpha: NeuMF's first logit is alpha x GMF's + (1 - alpha) x MLP's.",
+        checks=(Check(lambda value: 0 <= value <= 1, "--pretrain_alpha must be in [0, 1]"),),
+    ),
+    FlagSpec(
+        "optimizer",
+        "adam (the reference), or sgd: plain SGD at --learning_rate (the NCF paper "
+        "fine-tunes a pretrained NeuMF with it, having no Adam moments for the "
+        "pretrained weights); --beta1, --beta2 and --epsilon are Adam's.",
+        field="model.optimizer",
+        choices=OPTIMIZERS,
+    ),
     NUM_FACTORS,
     LAYERS,
     FlagSpec(
@@ -341,7 +384,7 @@ NCF_FLAGS = (
     FlagSpec("epsilon", "Adam epsilon.", field="model.epsilon", checks=(POSITIVE,)),
     FlagSpec(
         "weight_decay",
-        "Decoupled weight decay (AdamW): each step shrinks every weight by "
+        "Decoupled weight decay (AdamW, or SGD's): each step shrinks every weight by "
         "weight_decay x learning rate of itself. Needs dense embedding updates.",
         field="model.weight_decay",
         checks=(NON_NEGATIVE,),

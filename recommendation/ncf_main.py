@@ -12,6 +12,9 @@ With ``--eval_split validation`` the cycles evaluate on the validation items (th
 threshold too), each epoch's metrics are kept in model_dir (`ValidationHistory`) and
 the best epoch's weights beside them (`Runner.save_best`); at the end that epoch is
 restored and the test holdout evaluated once, on it.
+
+With ``--pretrain_gmf_dir`` and ``--pretrain_mlp_dir`` a fresh NeuMF run starts from the
+models of a finished ``--model gmf`` and ``--model mlp`` run (`start_from_pretrained`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from official.utils.logs.mlperf_helper import MlperfLogger
 from official.utils.misc import atomic, distribution_utils, errors, model_dir, signals
 from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import Runner, completed_epochs_of
+from official.utils.misc.runner import BEST_FOLDER, Runner, completed_epochs_of, restore_model
 from recommendation import (
     constants,
     data_pipeline,
@@ -128,6 +131,7 @@ def run(config: NcfConfig) -> RunResult:
     """
     start = time.perf_counter()
     _check_eval_split(config)
+    _check_pretrain(config)
     if config.export_onnx:
         export.require_onnx()  # before training, not after it
     distribution_utils.configure_threads(config.inter_op_threads, config.intra_op_threads)
@@ -195,6 +199,29 @@ def _check_eval_split(config: NcfConfig) -> None:
         raise ValueError(
             "--use_synthetic_data measures training throughput and evaluates nothing: "
             "drop --eval_split validation"
+        )
+
+
+def _check_pretrain(config: NcfConfig) -> None:
+    """Rejects pre-training flags that cannot work together.
+
+    Raises:
+        ValueError: One pretrained model without the other, or pre-training for a model
+            other than NeuMF.
+    """
+    given = [bool(config.pretrain_gmf_dir), bool(config.pretrain_mlp_dir)]
+    if not any(given):
+        return
+    if not all(given):
+        missing = "--pretrain_mlp_dir" if given[0] else "--pretrain_gmf_dir"
+        raise ValueError(
+            "NeuMF starts from a pretrained GMF and a pretrained MLP model together: give "
+            f"{missing} too (or neither)"
+        )
+    if config.model.model_kind != neumf_model.NEUMF:
+        raise ValueError(
+            f"--pretrain_gmf_dir and --pretrain_mlp_dir start a NeuMF model, not "
+            f"--model {config.model.model_kind}: drop them, or train --model neumf"
         )
 
 
@@ -330,8 +357,171 @@ def _make_runner(
         or (config.use_xla_for_gpu and "GPU" in distribution_utils.device_types(strategy)),
         run_eagerly=config.run_eagerly,
     )
-    runner.restore()
+    resumed = runner.restore()
+    if config.pretrain_gmf_dir and resumed:
+        logging.info(
+            "Resumed from %s's own checkpoint: --pretrain_gmf_dir and --pretrain_mlp_dir "
+            "start a fresh run only",
+            config.model_dir,
+        )
+    elif config.pretrain_gmf_dir:
+        start_from_pretrained(config, runner)
     return runner
+
+
+# "holds a GMF model": each kind with its article.
+_A_KIND = {neumf_model.NEUMF: "a NeuMF", neumf_model.GMF: "a GMF", neumf_model.MLP: "an MLP"}
+
+
+def start_from_pretrained(config: NcfConfig, runner: Runner) -> None:
+    """Sets the runner's NeuMF from the GMF and MLP models of the runs in
+    ``config.pretrain_gmf_dir`` and ``config.pretrain_mlp_dir`` (`combine_pretrained`,
+    alpha ``config.pretrain_alpha``); the optimiser starts afresh.
+
+    Raises:
+        ModelDirError: A folder holds no checkpoint, a run of the other --eval_split, or
+            a model of another kind or other sizes than this run's.
+    """
+    models = {}
+    for kind, directory in (
+        (neumf_model.GMF, config.pretrain_gmf_dir),
+        (neumf_model.MLP, config.pretrain_mlp_dir),
+    ):
+        params = dataclasses.replace(runner.params, model_kind=kind)
+        models[kind] = neumf_model.build_model(params)
+        path, best = _pretrained_checkpoint(config, kind, directory)
+        _check_pretrained_sizes(kind, directory, path, params)
+        restore_model(models[kind], directory, best)
+        logging.info("Pretrained %s model: %s", kind.upper(), path)
+    neumf_model.combine_pretrained(
+        runner.state.model,
+        models[neumf_model.GMF],
+        models[neumf_model.MLP],
+        config.pretrain_alpha,
+    )
+    logging.info("NeuMF starts from the pretrained models (alpha %g)", config.pretrain_alpha)
+
+
+def _pretrained_checkpoint(config: NcfConfig, kind: str, directory: str) -> tuple[str, bool]:
+    """The checkpoint of the run in `directory` that pre-training reads, and whether it
+    is a kept best: the latest, or of a validation run the selected one
+    (``MODEL_DIR/best``).
+
+    Raises:
+        ModelDirError: There is none, or the run evaluated on the other split (so it
+            trained on other data: with or without the validation items).
+    """
+    flag = f"--pretrain_{kind}_dir"
+    if tf.train.latest_checkpoint(directory) is None:
+        raise ModelDirError(
+            f"{flag} {directory} holds no checkpoint: train it first with "
+            f"ncf-main --model {kind} --model_dir {directory} (and this run's data flags)"
+        )
+    validated = tf.io.gfile.exists(os.path.join(directory, VALIDATION_HISTORY_FILE))
+    split = config.data.eval_split
+    if validated != (split == constants.VALIDATION_SPLIT):
+        theirs = constants.VALIDATION_SPLIT if validated else "test"
+        raise ModelDirError(
+            f"{flag} {directory} holds a run of --eval_split {theirs}, which trained on "
+            f"other data than this run of --eval_split {split}: pretrain with "
+            f"--eval_split {split}"
+        )
+    if not validated:
+        return tf.train.latest_checkpoint(directory), False
+    best = tf.train.latest_checkpoint(os.path.join(directory, BEST_FOLDER))
+    if best is None:
+        raise ModelDirError(
+            f"{flag} {directory} has no selected checkpoint in {BEST_FOLDER}/ (stopped "
+            "before its first evaluation): resume that run first"
+        )
+    return best, True
+
+
+def _check_pretrained_sizes(
+    kind: str, directory: str, path: str, params: neumf_model.ModelParams
+) -> None:
+    """Checks that the model in checkpoint `path` is a `kind` model of `params`' sizes.
+
+    Raises:
+        ModelDirError: It is another kind of model, or of other sizes (saying which).
+    """
+    flag = f"--pretrain_{kind}_dir"
+    found = describe_checkpoint(path)
+    if found["kind"] != kind:
+        raise ModelDirError(
+            f"{flag} {directory} holds {_A_KIND[found['kind']]} model ({path}), not "
+            f"{_A_KIND[kind]} one: give the model_dir of an ncf-main --model {kind} run"
+        )
+    if (found["users"], found["items"]) != (params.num_users, params.num_items):
+        raise ModelDirError(
+            f"{flag} {directory} holds a model of {found['users']:,} users and "
+            f"{found['items']:,} items, this run's data has {params.num_users:,} and "
+            f"{params.num_items:,}: pretrain on the same --dataset and data flags"
+        )
+    flag_name, ours = (
+        ("--num_factors", params.mf_dim) if kind == neumf_model.GMF else ("--layers", params.layers)
+    )
+    theirs = found["factors"] if kind == neumf_model.GMF else found["layers"]
+    if theirs != ours:
+        raise ModelDirError(
+            f"{flag} {directory} holds {_A_KIND[kind]} model of {flag_name} "
+            f"{_flag_text(theirs)}, this run has {flag_name} {_flag_text(ours)}: pretrain "
+            f"with the same {flag_name}"
+        )
+
+
+def _flag_text(value: int | tuple[int, ...]) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def describe_checkpoint(path: str) -> dict:
+    """The kind and sizes of the NeuMF, GMF or MLP model in a Runner checkpoint (the
+    latest of a run or its kept best), read from the shapes of its weights.
+
+    The kinds tell apart by the logit layer's input: a GMF model's is its table width,
+    an MLP model's its last layer (or, without hidden layers, both table halves), and
+    NeuMF's their sum. Returns ``kind``, ``users``, ``items``, ``factors`` (None for
+    MLP) and ``layers`` (None for GMF).
+    """
+    user, item, *hidden, logit = _matrix_shapes(path)
+    width, rows = user[1], logit[0]
+    if hidden:
+        layers = (hidden[0][0], *(kernel[1] for kernel in hidden))
+        factors = rows - layers[-1]
+    elif rows == width:
+        layers, factors = None, width
+    else:  # the MLP input straight to the logit: rows = factors + 2 x (width - factors)
+        layers, factors = (2 * (rows - width),), 2 * width - rows
+    kind = neumf_model.NEUMF
+    if layers is None:
+        kind = neumf_model.GMF
+    elif factors == 0:
+        kind, factors = neumf_model.MLP, None
+    return {"kind": kind, "users": user[0], "items": item[0], "factors": factors, "layers": layers}
+
+
+def _matrix_shapes(path: str) -> list[list[int]]:
+    """The shapes of the user and item tables, the MLP kernels and the logit kernel in
+    checkpoint `path`, in that order: a kept best lists the weights as the model does,
+    a run's checkpoint by attribute (``model/<layer>/...``)."""
+    shapes = dict(tf.train.list_variables(path))
+    listed = sorted(
+        (int(key.split("/")[1]), shape)
+        for key, shape in shapes.items()
+        if key.startswith("weights/")
+    )
+    if listed:
+        return [shape for _, shape in listed if len(shape) == 2]
+    by_layer = {
+        key.split("/")[1]: shape
+        for key, shape in shapes.items()
+        if key.startswith("model/") and len(shape) == 2
+    }
+    hidden = sorted(
+        (name for name in by_layer if name.startswith("mlp_")), key=lambda n: int(n[4:])
+    )
+    names = ["user_embedding", "item_embedding", *hidden, "logit"]
+    return [by_layer[name] for name in names]
 
 
 def _train_and_evaluate(
@@ -524,7 +714,7 @@ def _log_hparams(
         extras["opt_lr_decay_start_step"] = model.decay_start_epoch * model.steps_per_epoch
     for key, value in {
         "global_batch_size": config.batch_size,
-        "opt_name": "lazy_adam" if model.sparse_updates else "adam",
+        "opt_name": _optimizer_name(model),
         "opt_base_learning_rate": model.learning_rate,
         "opt_adam_beta_1": model.beta1,
         "opt_adam_beta_2": model.beta2,
@@ -543,6 +733,12 @@ def _log_hparams(
         **extras,
     }.items():
         mlperf.event(key, value)
+
+
+def _optimizer_name(model: neumf_model.ModelParams) -> str:
+    if model.optimizer == "sgd":
+        return "sgd"
+    return "lazy_adam" if model.sparse_updates else "adam"
 
 
 def _report(

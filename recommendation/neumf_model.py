@@ -5,7 +5,8 @@ The network is the reference's: one user and one item embedding table, each of w
 factorisation (element-wise product), the rest feed the MLP (concatenation, then Dense
 + ReLU layers); both parts are concatenated into a final Dense(1) logit. Sharing one
 table per side for both parts means one gather instead of two, which the Model Garden
-notes is faster.
+notes is faster. The NCF paper's GMF and MLP models are the same network with one part
+left out (`MODEL_KINDS`); `combine_pretrained` starts NeuMF from a trained pair of them.
 
 This module holds numerics only: no flags, no files, no logging.
 """
@@ -35,7 +36,8 @@ class ModelParams:
             reference: layer 0 is the embedding concatenation).
         embedding_init: ``glorot_uniform`` (the MLPerf reference) or ``normal``
             (N(0, 0.01^2), the NCF paper's code) for the embedding tables.
-        learning_rate, beta1, beta2, epsilon: Adam.
+        learning_rate: The optimiser's rate.
+        beta1, beta2, epsilon: Adam's.
         weight_decay: Decoupled weight decay (AdamW): every step shrinks each weight
             by ``weight_decay * learning_rate`` of itself; 0 turns it off.
         learning_rate_decay: Factor applied to the learning rate once per epoch from
@@ -43,6 +45,9 @@ class ModelParams:
         decay_start_epoch: First epoch trained at the decayed rate.
         steps_per_epoch: Optimiser steps in one epoch (global batches); needed only
             when the rate decays.
+        model_kind: ``neumf``, or the paper's ``gmf`` or ``mlp`` alone (`MODEL_KINDS`).
+        optimizer: ``adam``, or ``sgd`` (plain SGD: the paper fine-tunes a pretrained
+            NeuMF with it, having no Adam moments for the pretrained weights).
         top_k: k of HR@k and NDCG@k.
         eval_block_size: Items per evaluation user (negatives + the held-out one).
         sparse_updates: Update only the embedding rows a batch touches (lazy Adam)
@@ -66,6 +71,8 @@ class ModelParams:
     learning_rate_decay: float = 1.0
     decay_start_epoch: int = 0
     steps_per_epoch: int = 0
+    model_kind: str = "neumf"
+    optimizer: str = "adam"
     top_k: int = 10
     eval_block_size: int = constants.NUM_EVAL_NEGATIVES + 1
     sparse_updates: bool = False
@@ -92,6 +99,16 @@ class ModelParams:
                 f"embedding_init must be one of {sorted(EMBEDDING_INITS)}, "
                 f"got {self.embedding_init!r}"
             )
+        if self.model_kind not in MODEL_KINDS:
+            raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {self.model_kind!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+
+
+# What NeuMF scores with: both parts (NeuMF), or the NCF paper's GMF or MLP model alone.
+NEUMF, GMF, MLP = "neumf", "gmf", "mlp"
+MODEL_KINDS = (NEUMF, GMF, MLP)
+OPTIMIZERS = ("adam", "sgd")
 
 
 # Embedding-table initialisers by name: the MLPerf reference's, and the NCF paper
@@ -121,7 +138,11 @@ class GmfBlock(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="ncf")
 class NeuMF(keras.Model):
-    """NeuMF scoring (user, item) pairs.
+    """NeuMF scoring (user, item) pairs, or the NCF paper's GMF or MLP model alone.
+
+    A GMF model is NeuMF without the MLP part (tables of width `mf_dim`, the logit of
+    the element-wise product), an MLP model NeuMF without the GMF part (tables of width
+    ``layers[0] / 2``, the logit of the tower): one network, one set of scoring paths.
 
     Each side's table is either made here (a ``keras.layers.Embedding`` of `num_users`
     or `num_items` rows) or given (`user_embedding`, `item_embedding`): online training
@@ -134,6 +155,7 @@ class NeuMF(keras.Model):
         mf_regularization: L2 on the tables made here.
         mlp_regularization: L2 per MLP layer.
         embedding_init: A name in `EMBEDDING_INITS`, for the tables made here.
+        model_kind: `NEUMF`, `GMF` or `MLP`.
         user_embedding, item_embedding: Given tables: layers taking `(batch,)` ids to
             `(batch, table_width(mf_dim, layers))` rows, with their own sizes,
             initialisers and regularisers.
@@ -153,6 +175,7 @@ class NeuMF(keras.Model):
         mf_regularization: float = ModelParams.mf_regularization,
         mlp_regularization: tuple[float, ...] = ModelParams.mlp_regularization,
         embedding_init: str = ModelParams.embedding_init,
+        model_kind: str = ModelParams.model_kind,
         user_embedding: keras.layers.Layer | None = None,
         item_embedding: keras.layers.Layer | None = None,
         **kwargs,
@@ -163,12 +186,14 @@ class NeuMF(keras.Model):
         self.layer_sizes = tuple(int(width) for width in layers)
         self.mf_regularization = float(mf_regularization)
         self.mlp_regularization = tuple(float(value) for value in mlp_regularization)
-        width = self.table_width(mf_dim, self.layer_sizes)
+        self.model_kind = model_kind
+        self.gmf_width, self.mlp_width = self.part_widths(mf_dim, self.layer_sizes, model_kind)
+        width = self.gmf_width + self.mlp_width
         # The tables first: the order of the trainable variables (and so of the
         # optimiser's slots in a checkpoint) follows the order of assignment.
         self.user_embedding = self._table("user", num_users, user_embedding, width)
         self.item_embedding = self._table("item", num_items, item_embedding, width)
-        self.gmf = GmfBlock(name="gmf")
+        self.gmf = GmfBlock(name="gmf") if self.gmf_width else None
         self.mlp = [
             keras.layers.Dense(
                 units,
@@ -179,6 +204,7 @@ class NeuMF(keras.Model):
                 else None,
             )
             for index, units in enumerate(self.layer_sizes[1:], start=1)
+            if self.mlp_width
         ]
         for layer in self.mlp:
             # TensorFlow checkpoints follow attributes, not Keras' tracked list: without
@@ -187,9 +213,17 @@ class NeuMF(keras.Model):
         self.logit = keras.layers.Dense(1, kernel_initializer="lecun_uniform", name="rating")
 
     @staticmethod
-    def table_width(mf_dim: int, layers: tuple[int, ...]) -> int:
+    def table_width(mf_dim: int, layers: tuple[int, ...], model_kind: str = NEUMF) -> int:
         """Columns of a table row: the GMF part, then this side's half of the MLP input."""
-        return mf_dim + int(layers[0]) // 2
+        return sum(NeuMF.part_widths(mf_dim, layers, model_kind))
+
+    @staticmethod
+    def part_widths(mf_dim: int, layers: tuple[int, ...], model_kind: str) -> tuple[int, int]:
+        """Columns of a table row for GMF and for the MLP: 0 for the part a GMF or an
+        MLP model leaves out."""
+        if model_kind not in MODEL_KINDS:
+            raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+        return (0 if model_kind == MLP else mf_dim), (0 if model_kind == GMF else layers[0] // 2)
 
     def _table(
         self, side: str, count: int | None, given: keras.layers.Layer | None, width: int
@@ -219,16 +253,28 @@ class NeuMF(keras.Model):
 
     def score(self, user, item):
         """Logits `(batch, 1)` from looked-up rows `(batch, width)` of each side."""
-        gmf = self.gmf(user[:, : self.mf_dim], item[:, : self.mf_dim])
-        mlp = keras.ops.concatenate([user[:, self.mf_dim :], item[:, self.mf_dim :]], -1)
-        return self._head(gmf, mlp, self.mlp)
+        mlp = None
+        if self.mlp_width:
+            mlp = keras.ops.concatenate([user[:, self.gmf_width :], item[:, self.gmf_width :]], -1)
+        return self._head(self._gmf(user, item), mlp, self.mlp)
+
+    def _gmf(self, user, item):
+        """The GMF vector of rows of each side (or of their GMF columns); None without
+        a GMF part."""
+        if not self.gmf_width:
+            return None
+        return self.gmf(user[..., : self.gmf_width], item[..., : self.gmf_width])
 
     def _head(self, gmf, mlp, layers):
         """Logits from the GMF vector and the MLP input (or, without the first of
-        `layers`, the first layer's output)."""
-        for layer in layers:
-            mlp = layer(mlp)
-        return self.logit(keras.ops.concatenate([gmf, mlp], axis=-1))
+        `layers`, the first layer's output); either is None where the model has no
+        such part."""
+        parts = [] if gmf is None else [gmf]
+        if mlp is not None:
+            for layer in layers:
+                mlp = layer(mlp)
+            parts.append(mlp)
+        return self.logit(parts[0] if len(parts) == 1 else keras.ops.concatenate(parts, -1))
 
     def _project_tables_first(self, batch_size: int | None) -> bool:
         """Whether the first MLP layer is cheaper applied to the tables than to the batch.
@@ -252,10 +298,12 @@ class NeuMF(keras.Model):
             ((self.user_embedding, users), (self.item_embedding, items))
         ):
             table = self._table_rows(embedding)
-            gmf_rows.append(take_rows(table[:, : self.mf_dim], ids))
-            term = self._first_layer_term(table[:, self.mf_dim :], side)
+            if self.gmf_width:
+                gmf_rows.append(take_rows(table[:, : self.gmf_width], ids))
+            term = self._first_layer_term(table[:, self.gmf_width :], side)
             terms.append(take_rows(term, ids))
-        return self._head(self.gmf(*gmf_rows), self._first_layer_output(*terms), self.mlp[1:])
+        gmf = self.gmf(*gmf_rows) if gmf_rows else None
+        return self._head(gmf, self._first_layer_output(*terms), self.mlp[1:])
 
     def _table_rows(self, embedding: keras.layers.Embedding):
         return keras.ops.cast(embedding.embeddings, self.compute_dtype)
@@ -276,24 +324,25 @@ class NeuMF(keras.Model):
         """Logits `(U, N)` of user rows `(U, 1, width)` against item rows `(U or 1, N,
         width)`; `item_term`, when given, is the item half of the first MLP layer for
         `item` (whose rows then need only their GMF part)."""
-        gmf = self.gmf(user[..., : self.mf_dim], item[..., : self.mf_dim])
+        gmf = self._gmf(user, item)
         if self.mlp:
             if item_term is None:
-                item_term = self._first_layer_term(item[..., self.mf_dim :], 1)
+                item_term = self._first_layer_term(item[..., self.gmf_width :], 1)
             first = self._first_layer_output(
-                self._first_layer_term(user[..., self.mf_dim :], 0), item_term
+                self._first_layer_term(user[..., self.gmf_width :], 0), item_term
             )
             return self._head(gmf, first, self.mlp[1:])[..., 0]
-        shape = keras.ops.shape(gmf)[:2]
-        mlp = keras.ops.concatenate(
-            [
-                keras.ops.broadcast_to(
-                    part[..., self.mf_dim :], (*shape, part.shape[-1] - self.mf_dim)
-                )
-                for part in (user, item)
-            ],
-            axis=-1,
-        )
+        mlp = None
+        if self.mlp_width:
+            # (users, items): users from the user rows, items from the item rows.
+            shape = (keras.ops.shape(user)[0], keras.ops.shape(item)[1], self.mlp_width)
+            mlp = keras.ops.concatenate(
+                [
+                    keras.ops.broadcast_to(part[..., self.gmf_width :], shape)
+                    for part in (user, item)
+                ],
+                axis=-1,
+            )
         return self._head(gmf, mlp, ())[..., 0]
 
     def score_all_items(self, users):
@@ -329,10 +378,10 @@ class NeuMF(keras.Model):
         points = None if None in items.shape else items.shape[0] * items.shape[1]
         if self.mlp and self.num_items is not None and points and self.num_items < points:
             table = self._table_rows(self.item_embedding)
-            item_term = self._first_layer_term(table[:, self.mf_dim :], 1)
+            item_term = self._first_layer_term(table[:, self.gmf_width :], 1)
             return self._score_grid(
                 user,
-                keras.ops.take(table[:, : self.mf_dim], items, axis=0),
+                keras.ops.take(table[:, : self.gmf_width], items, axis=0),
                 keras.ops.take(item_term, items, axis=0),
             )
         return self._score_grid(user, self.item_embedding(items))
@@ -347,6 +396,7 @@ class NeuMF(keras.Model):
             mf_regularization=self.mf_regularization,
             mlp_regularization=self.mlp_regularization,
             embedding_init=self.embedding_init,
+            model_kind=self.model_kind,
         )
         for key, count in (("user_embedding", self.num_users), ("item_embedding", self.num_items)):
             if count is None:  # a given table: saved as its layer config
@@ -397,6 +447,7 @@ def build_model(params: ModelParams) -> NeuMF:
         params.mf_regularization,
         params.mlp_regularization,
         params.embedding_init,
+        params.model_kind,
     )
     model(
         {
@@ -405,6 +456,37 @@ def build_model(params: ModelParams) -> NeuMF:
         }
     )
     return model
+
+
+def combine_pretrained(neumf: NeuMF, gmf: NeuMF, mlp: NeuMF, alpha: float) -> None:
+    """Sets `neumf`'s weights from a trained GMF and MLP model, as the NCF paper starts
+    NeuMF (He et al. 2017, section 3.4.1): each side's table is the GMF table beside the
+    MLP table, the MLP layers are the MLP model's, and the logit layer weighs the two
+    models' logit layers by `alpha` and ``1 - alpha``: kernel ``[alpha w_GMF;
+    (1 - alpha) w_MLP]``, bias ``alpha b_GMF + (1 - alpha) b_MLP`` (the paper's code,
+    which fixes alpha at 0.5: ``0.5 (b_GMF + b_MLP)``). So NeuMF's logit starts as
+    ``alpha logit_GMF + (1 - alpha) logit_MLP`` of every pair.
+
+    Raises:
+        ValueError: The models are not of the kinds or sizes this needs.
+    """
+    if (neumf.model_kind, gmf.model_kind, mlp.model_kind) != (NEUMF, GMF, MLP):
+        raise ValueError(
+            "combine_pretrained needs a NeuMF, a GMF and an MLP model, got "
+            f"{neumf.model_kind}, {gmf.model_kind} and {mlp.model_kind}"
+        )
+    for ours, *theirs in (
+        (neumf.user_embedding, gmf.user_embedding, mlp.user_embedding),
+        (neumf.item_embedding, gmf.item_embedding, mlp.item_embedding),
+    ):
+        ours.embeddings.assign(tf.concat([table.embeddings for table in theirs], axis=1))
+    for ours, theirs in zip(neumf.mlp, mlp.mlp, strict=True):
+        ours.kernel.assign(theirs.kernel)
+        ours.bias.assign(theirs.bias)
+    neumf.logit.kernel.assign(
+        tf.concat([alpha * gmf.logit.kernel, (1 - alpha) * mlp.logit.kernel], axis=0)
+    )
+    neumf.logit.bias.assign(alpha * gmf.logit.bias + (1 - alpha) * mlp.logit.bias)
 
 
 @keras.saving.register_keras_serializable(package="ncf")
@@ -469,16 +551,24 @@ def set_learning_rate(optimizer: keras.optimizers.Optimizer, params: ModelParams
 
 
 def build_optimizer(params: ModelParams) -> keras.optimizers.Optimizer:
-    """Adam with the reference's hyper-parameters (AdamW with `weight_decay`); fp16 adds
-    dynamic loss scaling unless `params` fixes the scale (`_train_spec` applies that)."""
-    adam = LazyAdam if params.sparse_updates else keras.optimizers.Adam
-    optimizer = adam(
-        learning_rate=params.learning_rate,
-        beta_1=params.beta1,
-        beta_2=params.beta2,
-        epsilon=params.epsilon,
-        weight_decay=params.weight_decay or None,
-    )
+    """Adam with the reference's hyper-parameters (AdamW with `weight_decay`), or plain
+    SGD (decoupled weight decay too: each step shrinks a weight by `weight_decay` x the
+    rate of itself), which with sparse updates already moves only the rows a batch
+    touches; fp16 adds dynamic loss scaling unless `params` fixes the scale
+    (`_train_spec` applies that)."""
+    if params.optimizer == "sgd":
+        optimizer = keras.optimizers.SGD(
+            learning_rate=params.learning_rate, weight_decay=params.weight_decay or None
+        )
+    else:
+        adam = LazyAdam if params.sparse_updates else keras.optimizers.Adam
+        optimizer = adam(
+            learning_rate=params.learning_rate,
+            beta_1=params.beta1,
+            beta_2=params.beta2,
+            epsilon=params.epsilon,
+            weight_decay=params.weight_decay or None,
+        )
     return precision.with_loss_scaling(
         optimizer, precision.POLICIES[params.dtype], params.loss_scale
     )

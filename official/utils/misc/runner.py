@@ -90,6 +90,28 @@ def sum_over_steps(
     return totals
 
 
+def weights_checkpoint(model: keras.Model, **others) -> tf.train.Checkpoint:
+    """A checkpoint of `model`'s weights as a list (what `Runner.save_best` keeps): Keras
+    keeps layers held in a Python list out of TensorFlow's object graph (NeuMF registers
+    its MLP layers as attributes for that reason; a model given to the Runner may not)."""
+    return tf.train.Checkpoint(weights=list(model.weights), **others)
+
+
+def restore_model(model: keras.Model, model_dir: str, best: bool = False) -> str | None:
+    """Restores only `model`'s weights from the latest checkpoint a Runner wrote in
+    `model_dir` (with `best`, the one `Runner.save_best` kept): one run's trained model
+    starting another, whose optimiser and epochs are its own. Returns the checkpoint's
+    path, or None when there is none.
+
+    Raises:
+        ModelDirError: The checkpoint does not fit `model`.
+    """
+    if best:
+        directory = os.path.join(model_dir, BEST_FOLDER)
+        return restore_latest(lambda: weights_checkpoint(model), directory)
+    return restore_latest(lambda: tf.train.Checkpoint(model=model), model_dir)
+
+
 def completed_epochs_of(checkpoint_path: str) -> int:
     """The epochs a Runner checkpoint holds, read without building the model."""
     reader = tf.train.load_checkpoint(checkpoint_path)
@@ -224,17 +246,11 @@ class Runner:
             ModelDirError: It could not be written (`model_dir.save_checkpoint`).
         """
         if self._best_manager is None:
-            kept = self._weights_checkpoint(completed_epochs=self.completed_epochs)
+            kept = weights_checkpoint(self.state.model, completed_epochs=self.completed_epochs)
             self._best_manager = tf.train.CheckpointManager(
                 kept, self._checkpoint_dir(BEST_FOLDER), max_to_keep=1
             )
         return self._save(self._best_manager)
-
-    def _weights_checkpoint(self, **others) -> tf.train.Checkpoint:
-        # The weights as a list: Keras keeps layers held in a Python list out of
-        # TensorFlow's object graph (NeuMF registers its MLP layers as attributes for
-        # that reason; a model given to the Runner may not).
-        return tf.train.Checkpoint(weights=list(self.state.model.weights), **others)
 
     def restore_best(self) -> str:
         """Restores the weights `save_best` kept (not the optimiser, nor the epoch
@@ -243,9 +259,9 @@ class Runner:
         Raises:
             ModelDirError: None was kept, or it does not fit this model.
         """
-        directory = os.path.join(self.model_dir, BEST_FOLDER)
-        path = restore_latest(self._weights_checkpoint, directory)
+        path = restore_model(self.state.model, self.model_dir, best=True)
         if path is None:
+            directory = os.path.join(self.model_dir, BEST_FOLDER)
             raise ModelDirError(
                 f"no best checkpoint in {directory}; start over with --clean or another --model_dir"
             )
