@@ -8,9 +8,11 @@ embedding gathers, their gradients (the scatter-adds into the tables), slicing a
 its gradients, the optimizer update, casts and other element-wise work. The op times
 are summed over the executor's threads, which run ops side by side: their total can
 exceed the wall time, and the wall time minus what they cover is Python, dispatch and
-waiting. With ``--extra_flag=--enable_xla`` the step is one compiled program whose
-kernels carry HLO names (``MatMul.30``, ``bitcast_gather_fusion``): those are listed
-as they are.
+waiting. With ``--extra_flag=--enable_xla`` the step is one compiled program: XLA is
+asked to trace each kernel (``--xla_cpu_enable_xprof_traceme``) and to dump its
+optimised HLO, and each kernel (``MatMul.30``, ``wrapped_scatter.1``) is counted as the
+TensorFlow op its HLO came from (the metadata XLA keeps), so both modes fall into the
+same categories.
 
     python scripts/profile_training_step.py --ratings ../shared/data/ml-1m/ratings.dat
 """
@@ -21,6 +23,7 @@ import argparse
 import collections
 import glob
 import os
+import re
 import tempfile
 
 from absl import flags
@@ -31,7 +34,10 @@ from recommendation import ncf_common, ncf_main
 # Categories in order of precedence: the first whose test an op meets takes it.
 CATEGORIES = (
     ("optimizer update (Adam)", lambda name, kind: "adam" in name.lower()),
-    ("embedding gradients (scatter-add)", lambda name, kind: kind == "UnsortedSegmentSum"),
+    (
+        "embedding gradients (scatter-add)",
+        lambda name, kind: kind in {"UnsortedSegmentSum", "TensorScatterAdd"},
+    ),
     ("matmuls (forward and backward)", lambda name, kind: "MatMul" in kind),
     (
         "embedding and table-term gathers",
@@ -56,8 +62,29 @@ def xspace_class():
     return xplane_pb2.XSpace
 
 
-def op_seconds(xplane_path: str) -> collections.Counter:
-    """Seconds per ``<op name>:<op type>`` that the host's executor threads spent."""
+XLA_PROFILE_FLAGS = "--xla_cpu_enable_xprof_traceme=true --xla_dump_hlo_as_text"
+# An instruction of the optimised HLO and the TensorFlow op it came from.
+_HLO_LINE = re.compile(r'^\s*(?:ROOT )?%(\S+) = .*metadata=\{op_type="([^"]+)" op_name="([^"]+)"')
+
+
+def hlo_sources(dump_dir: str) -> dict[str, str]:
+    """``{HLO instruction: "<op name>:<op type>"}`` from XLA's optimised-HLO dumps in
+    `dump_dir`: the TensorFlow op each compiled kernel computes (a fusion carries its
+    root's), so that XLA's kernels are sorted like the executor's ops."""
+    sources = {}
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*cpu_after_optimizations.txt"))):
+        with open(path) as stream:
+            for line in stream:
+                found = _HLO_LINE.match(line)
+                if found:
+                    sources[found.group(1)] = f"{found.group(3)}:{found.group(2)}"
+    return sources
+
+
+def op_seconds(xplane_path: str, sources: dict[str, str] | None = None) -> collections.Counter:
+    """Seconds per ``<op name>:<op type>`` that the host's executor threads spent; XLA
+    kernels named in `sources` (`hlo_sources`) are counted as the op they came from."""
+    sources = sources or {}
     space = xspace_class()()
     with open(xplane_path, "rb") as stream:
         space.ParseFromString(stream.read())
@@ -67,12 +94,14 @@ def op_seconds(xplane_path: str) -> collections.Counter:
             continue
         names = {key: value.name for key, value in plane.event_metadata.items()}
         for line in plane.lines:
-            if not line.name.startswith(("tf_Compute", "tf_numa")):
-                continue
+            executor = line.name.startswith(("tf_Compute", "tf_numa"))
             for event in line.events:
                 name = names[event.metadata_id]
-                if "::" not in name and (":" in name or line.name.startswith("tf_numa")):
-                    seconds[name] += event.duration_ps / 1e12
+                if name in sources:  # an XLA kernel, on whichever thread ran it
+                    seconds[sources[name]] += event.duration_ps / 1e12
+                elif executor and "::" not in name and not name.startswith("end: "):
+                    if ":" in name or line.name.startswith("tf_numa"):
+                        seconds[name] += event.duration_ps / 1e12
     return seconds
 
 
@@ -95,9 +124,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--extra_flag", action="append", default=[], help="passed to ncf-main")
     args = parser.parse_args()
-    import tensorflow as tf  # after argparse: --help stays fast
-
     with tempfile.TemporaryDirectory() as work:
+        hlo_dir = os.path.join(work, "hlo")
+        # XLA reads its flags at its first compilation, which comes after this.
+        flags_now = [os.environ.get("XLA_FLAGS", ""), XLA_PROFILE_FLAGS]
+        os.environ["XLA_FLAGS"] = " ".join([*flags_now, f"--xla_dump_to={hlo_dir}"]).strip()
+        import tensorflow as tf  # after argparse: --help stays fast
+
         data_dir = os.path.join(work, "data")
         os.makedirs(os.path.join(data_dir, "ml-1m"))
         os.symlink(os.path.abspath(args.ratings), os.path.join(data_dir, "ml-1m", "ratings.dat"))
@@ -122,7 +155,7 @@ def main() -> None:
         summary = ncf_main.run(config).summary
         tf.profiler.experimental.stop()
         (path,) = glob.glob(os.path.join(work, "profile", "plugins", "profile", "*", "*.xplane.pb"))
-        seconds = op_seconds(path)
+        seconds = op_seconds(path, hlo_sources(hlo_dir))
     split = categorise(seconds)
     total = sum(seconds.values())
     print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
