@@ -7,7 +7,9 @@ user's last interaction held out, 999 sampled evaluation negatives), publishes t
 other ratings into a stream in timestamp order, and measures
 
 - sustained throughput: events/s trained by ``online_main`` (4 negatives each) at
-  each boost level, the O0 run as the baseline (ratio);
+  each boost level, the O0 run as the baseline (ratio); with --trees, the trainers of
+  other checkouts (another commit: ``git worktree add``) take turns with this one's
+  in the same runs, and the first of them at O1 (or its first level) is the baseline;
 - freshness: ratings replayed at --live_rate events/s while ``online_main`` runs with
   its default export cadence; for each export, the time from the publication of the
   oldest rating it newly contains to the export's appearance;
@@ -17,6 +19,8 @@ other ratings into a stream in timestamp order, and measures
 
 Each trainer is a separate process reading the same stream through its own consumer
 group. The load average is printed beside the numbers: the machine is shared.
+--parts chooses what is measured (a quick comparison of two commits:
+``--parts throughput --boost_levels O1 --trees old=/tmp/old-checkout``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import replay_events  # noqa: E402  (a sibling script)
 
+from official.utils.misc import machine  # noqa: E402
 from recommendation import (  # noqa: E402
     data_async_generation,
     data_preprocessing,
@@ -64,10 +69,23 @@ flags.DEFINE_float("live_rate", 10_000, "Replay rate of the freshness run, event
 flags.DEFINE_float("live_seconds", 30, "Length of the freshness run's replay.")
 flags.DEFINE_integer("offline_epochs", 1, "Epochs of the offline baseline (0: skip it).")
 flags.DEFINE_integer("seed", 1, "Seed of the evaluation negatives and the models.")
+flags.DEFINE_list(
+    "trees",
+    [],
+    "NAME=PATH checkouts whose trainers take turns with this checkout's in the "
+    "throughput runs (the first is the baseline of the ratios).",
+)
+flags.DEFINE_list(
+    "parts",
+    ["throughput", "full_pass", "freshness", "offline"],
+    "What to measure: throughput, full_pass (with the export's HR@10), freshness, "
+    "offline (beside the full pass only).",
+)
 flags.mark_flag_as_required("ratings")
 
 TARGET_EVENTS_PER_SECOND = 20_000
-TARGET_FRESHNESS_SECONDS = 10.0
+TARGET_FRESHNESS_SECONDS = 5.0
+THIS_TREE = "this"
 
 
 def _load() -> str:
@@ -129,11 +147,27 @@ def _split(ratings_path: str, work_dir: str, seed: int):
     return config, data, blocks, events[keep]
 
 
+def _trees() -> dict[str, str]:
+    """Checkout name -> root, the given ones first (the baseline), then this one."""
+    trees = {}
+    for item in FLAGS.trees:
+        name, _, path = item.partition("=")
+        if not path or name == THIS_TREE or not os.path.isdir(os.path.join(path, "recommendation")):
+            sys.exit(
+                f"error: --trees wants NAME=PATH of a checkout (name not {THIS_TREE!r}): {item}"
+            )
+        trees[name] = os.path.abspath(path)
+    trees[THIS_TREE] = ROOT
+    return trees
+
+
 def _trainer(
-    redis_url: str, stream: str, group: str, work_dir: str, *extra: str
+    redis_url: str, stream: str, group: str, work_dir: str, *extra: str, tree: str = ROOT
 ) -> subprocess.Popen:
+    """``online_main`` of the checkout at `tree` (its own modules first on the path)."""
     folder = os.path.join(work_dir, group)
     log = open(os.path.join(work_dir, f"{group}.log"), "w")
+    environment = {**os.environ, "PYTHONPATH": tree}
     return subprocess.Popen(
         [
             sys.executable,
@@ -148,7 +182,8 @@ def _trainer(
             f"--seed={FLAGS.seed}",
             *extra,
         ],
-        cwd=ROOT,
+        cwd=tree,
+        env=environment,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -168,15 +203,17 @@ def _sustained(summary: dict) -> float:
     return (last["events"] - first["events"]) / (last["seconds"] - first["seconds"])
 
 
-def _throughput(redis_url: str, work_dir: str, events: int) -> dict[str, dict]:
-    """Sustained events/s per boost level: the levels take turns, --repeats rounds,
-    so that a change in the machine's load falls on all of them alike."""
-    rates: dict[str, list[float]] = {level: [] for level in FLAGS.boost_levels}
-    loads: dict[str, list[str]] = {level: [] for level in FLAGS.boost_levels}
+def _throughput(redis_url: str, work_dir: str, events: int) -> dict[tuple[str, str], dict]:
+    """Sustained events/s per (checkout, boost level): they take turns, --repeats
+    rounds, so that a change in the machine's load falls on all of them alike."""
+    trees = _trees()
+    runs = [(tree, level) for tree in trees for level in FLAGS.boost_levels]
+    rates: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+    loads: dict[tuple[str, str], list[str]] = {run: [] for run in runs}
     for round_index in range(FLAGS.repeats):
-        for level in FLAGS.boost_levels:
-            group = f"boost-{level}-{round_index}"
-            loads[level].append(_load())
+        for tree, level in runs:
+            group = f"boost-{tree}-{level}-{round_index}"
+            loads[tree, level].append(_load())
             process = _trainer(
                 redis_url,
                 "train",
@@ -185,18 +222,19 @@ def _throughput(redis_url: str, work_dir: str, events: int) -> dict[str, dict]:
                 f"--boost_level={level}",
                 f"--max_events={events}",
                 "--idle_timeout_secs=5",
+                tree=trees[tree],
             )
             process.wait()
-            rates[level].append(_sustained(_summary(work_dir, group)))
-            logging.info("boost %s: %.0f events/s", level, rates[level][-1])
+            rates[tree, level].append(_sustained(_summary(work_dir, group)))
+            logging.info("%s boost %s: %.0f events/s", tree, level, rates[tree, level][-1])
     return {
-        level: {
+        run: {
             "events": events,
-            "rate": float(np.mean(rates[level])),
-            "runs": rates[level],
-            "load": loads[level][0],
+            "rate": float(np.mean(rates[run])),
+            "runs": rates[run],
+            "load": loads[run][0],
         }
-        for level in FLAGS.boost_levels
+        for run in runs
     }
 
 
@@ -307,31 +345,47 @@ def _offline(config: DataConfig, work_dir: str) -> tuple[float, float, str]:
     return summary["best_hr"], time.perf_counter() - start, load
 
 
-def _print_report(data, train_events, publish, throughput, full, full_hr, fresh, offline):
+def _baseline(throughput: dict) -> tuple[str, float | None]:
+    """The ratios' baseline: with --trees the first checkout at O1 (else its first
+    level), without them this checkout at O0."""
+    if not throughput:
+        return "", None
+    if FLAGS.trees:
+        tree = next(iter(_trees()))
+        level = "O1" if "O1" in FLAGS.boost_levels else FLAGS.boost_levels[0]
+        return f"{tree} {level}", throughput[tree, level]["rate"]
+    return "O0", throughput.get((THIS_TREE, "O0"), {}).get("rate")
+
+
+def _print_throughput(throughput: dict, full) -> None:
+    name, base = _baseline(throughput)
+    print(f"sustained events/s (mean of {FLAGS.repeats} interleaved runs each, runs in brackets)")
     print(
-        f"\nOnline training benchmark: ML-1M, {len(train_events):,} training events "
-        f"({data.num_users:,} users, {data.num_items:,} items), one evaluation hold-out per user"
+        f"run                         |    events | sustained events/s | vs {name:6} | load average"
     )
-    print(f"publication (unpaced XADD, pipelined): {publish:,.0f} events/s\n")
-    base = throughput.get("O0", {}).get("rate")
-    print(f"sustained events/s (boost levels: mean of {FLAGS.repeats} interleaved runs each)")
-    print("run                         |    events | sustained events/s | vs O0 | load average")
-    print("----------------------------+-----------+--------------------+-------+-------------")
-    rows = [(f"boost {level}, sink 4", r) for level, r in throughput.items()]
-    rows.append(
-        (
-            "full pass, defaults (O1)",
-            {"events": full[0]["events"], "rate": _sustained(full[0]), "load": full[2]},
+    print(f"----------------------------+-----------+--------------------+-{'-' * 9}+-------------")
+    rows = []
+    for (tree, level), r in throughput.items():
+        label = f"boost {level}, sink 4" if not FLAGS.trees else f"{tree}: boost {level}, sink 4"
+        rows.append((label, r))
+    if full is not None:
+        summary = full[0]
+        rows.append(
+            (
+                "full pass, defaults (O1)",
+                {"events": summary["events"], "rate": _sustained(summary), "load": full[2]},
+            )
         )
-    )
-    for name, r in rows:
-        ratio = f"{r['rate'] / base:5.2f}x" if base else "    -"
+    for label, r in rows:
+        ratio = f"{r['rate'] / base:8.2f}x" if base else "        -"
         runs = " (" + ", ".join(f"{x:,.0f}" for x in r["runs"]) + ")" if "runs" in r else ""
-        print(f"{name:27} | {r['events']:9,} | {r['rate']:18,.0f} | {ratio} | {r['load']}{runs}")
+        print(f"{label:27} | {r['events']:9,} | {r['rate']:18,.0f} | {ratio} | {r['load']}{runs}")
     best = max(r["rate"] for _, r in rows)
     verdict = "MET" if best >= TARGET_EVENTS_PER_SECOND else "NOT MET"
     print(f"target >= {TARGET_EVENTS_PER_SECOND:,} events/s (4 negatives each): {verdict}\n")
 
+
+def _print_freshness(fresh: dict) -> None:
     delays = fresh["delays"]
     print(
         f"freshness: replay at {fresh['rate']:,.0f} events/s, exports every 2 s "
@@ -346,6 +400,8 @@ def _print_report(data, train_events, publish, throughput, full, full_hr, fresh,
             f"(target < {TARGET_FRESHNESS_SECONDS:.0f} s: {verdict})\n"
         )
 
+
+def _print_accuracy(full, full_hr: float, offline) -> None:
     print("prequential HR@10 (first 64 events of each batch, 99 sampled negatives), full pass:")
     print("   events | HR@10")
     history = full[0]["history"]
@@ -366,11 +422,17 @@ def _print_report(data, train_events, publish, throughput, full, full_hr, fresh,
 
 def main(argv: list[str]) -> None:
     del argv
+    unknown = set(FLAGS.parts) - {"throughput", "full_pass", "freshness", "offline"}
+    if unknown:
+        sys.exit(f"error: unknown --parts {sorted(unknown)}")
+    _trees()  # checks --trees before anything runs
     work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="ncf-online-bench-")
     os.makedirs(work_dir, exist_ok=True)
     print(f"start: load average {_load()}")
+    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
     server, redis_url = _start_redis(work_dir)
+    throughput, full, full_hr, fresh = {}, None, None, None
     try:
         start = time.perf_counter()
         replay_events.replay(
@@ -380,15 +442,30 @@ def main(argv: list[str]) -> None:
             chunk=5000,
         )
         publish = len(train_events) / (time.perf_counter() - start)
-        throughput = _throughput(redis_url, work_dir, FLAGS.throughput_events)
-        full = _full_pass(redis_url, work_dir)
-        full_hr = _hit_rate(full[1], data, blocks)
-        fresh = _freshness(redis_url, work_dir, train_events)
+        if "throughput" in FLAGS.parts:
+            throughput = _throughput(redis_url, work_dir, FLAGS.throughput_events)
+        if "full_pass" in FLAGS.parts:
+            full = _full_pass(redis_url, work_dir)
+            full_hr = _hit_rate(full[1], data, blocks)
+        if "freshness" in FLAGS.parts:
+            fresh = _freshness(redis_url, work_dir, train_events)
     finally:
         server.terminate()
         server.wait()
-    offline = _offline(config, work_dir) if FLAGS.offline_epochs else None
-    _print_report(data, train_events, publish, throughput, full, full_hr, fresh, offline)
+    # The offline baseline is a ratio to the full pass's export: measured with it only.
+    wanted = "offline" in FLAGS.parts and FLAGS.offline_epochs and full is not None
+    offline = _offline(config, work_dir) if wanted else None
+    print(
+        f"\nOnline training benchmark: ML-1M, {len(train_events):,} training events "
+        f"({data.num_users:,} users, {data.num_items:,} items), one evaluation hold-out per user"
+    )
+    print(f"publication (unpaced XADD, pipelined): {publish:,.0f} events/s\n")
+    if throughput or full is not None:
+        _print_throughput(throughput, full)
+    if fresh is not None:
+        _print_freshness(fresh)
+    if full is not None:
+        _print_accuracy(full, full_hr, offline)
     print(f"end: load average {_load()}")
 
 

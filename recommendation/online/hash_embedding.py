@@ -42,6 +42,18 @@ def _make_table(key_dtype: tf.DType, default_value) -> tf.lookup.experimental.Mu
     return tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value)
 
 
+@tf.custom_gradient
+def _default_rows_untrained(rows: tf.Tensor, known: tf.Tensor):
+    """`rows` as they are, with no gradient where not `known` (the default row's
+    places): the gradient of ``tf.where(known, rows, tf.stop_gradient(rows))``
+    without selecting between two copies of the rows on the way forward."""
+
+    def gradient(upstream):
+        return tf.where(known[:, None], upstream, 0.0), None
+
+    return tf.identity(rows), gradient
+
+
 @keras.saving.register_keras_serializable(package="ncf")
 class HashEmbedding(keras.layers.Layer):
     """Embedding rows for arbitrary int64 or string ids, with admission and eviction.
@@ -174,10 +186,15 @@ class HashEmbedding(keras.layers.Layer):
         return self._resolve(flat) if training else self._lookup(flat)
 
     def _gather(self, slots: tf.Tensor) -> tf.Tensor:
-        """The default row gets no gradient; rows are clipped to `max_norm`."""
+        """The default row gets no gradient; rows are clipped to `max_norm`.
+
+        The rows are gathered from the tf.Variable itself (a ResourceGather): a dense
+        read of a variable that scatter updates write (admission here, lazy Adam)
+        copies the whole table first.
+        """
         known = slots >= 0
-        rows = tf.gather(self.embeddings, tf.where(known, slots, self.capacity))
-        rows = tf.where(known[:, None], rows, tf.stop_gradient(rows))
+        rows = tf.gather(self.embeddings.value, tf.where(known, slots, self.capacity))
+        rows = _default_rows_untrained(rows, known)
         if self.max_norm is not None:
             rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
         return tf.cast(rows, self.compute_dtype)

@@ -154,9 +154,9 @@ class OnlineNeuMF(neumf_model.NeuMF):
             return embedding(tf.reshape(slots, [-1]), by_slot=True)
 
         user = rows(self.user_embedding, resolved["users"])
-        items = tf.concat(
-            [rows(self.item_embedding, resolved[key]) for key in ("items", "negatives")], axis=0
-        )
+        # One gather of the events' items and their negatives: the gradient is one
+        # IndexedSlices, the two gathers' in the same order, without the concatenations.
+        items = rows(self.item_embedding, tf.concat([resolved["items"], resolved["negatives"]], 0))
         users = tf.concat([user, tf.repeat(user, self.num_neg, axis=0)], axis=0)
         logits = tf.cast(self.score(users, items)[:, 0], tf.float32)
         batch = tf.shape(user)[0]

@@ -40,6 +40,7 @@ before it is iterated and each position once a checkpoint holding it is durable.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import queue
 import threading
@@ -261,6 +262,20 @@ class _Prefetcher:
 
 # ---------------------------------------------------------------------------
 # RecModel
+
+
+def _freeze_long_lived() -> None:
+    """Moves every object alive now out of the garbage collector's full passes, until
+    `online_train` returns (which unfreezes them).
+
+    TensorFlow, the model and each traced graph are hundreds of thousands of objects
+    that live as long as training, and a stream read allocates thousands of lists
+    (a Redis reply: several per event): every few reads the collector's full pass
+    walked all of them again, most of the cost of reading Redis (docs/benchmarks.md).
+    Called when training starts and after each trace; objects freed by reference
+    counting are freed as ever.
+    """
+    gc.freeze()
 
 
 def _policy(amp_level: str) -> str | None:
@@ -535,6 +550,7 @@ class RecModel:
                 callback_list.on_epoch_begin(epoch_index, {})
             groups = _groups(iter(dataset), steps_per_call, has_position)
             prefetcher = _Prefetcher(groups) if self.boost_level != "O0" else None
+            _freeze_long_lived()
             try:
                 for group in prefetcher or groups:
                     if group is None:
@@ -555,6 +571,7 @@ class RecModel:
             finally:
                 if prefetcher is not None:
                     prefetcher.close()
+                gc.unfreeze()
             if epoch_index is not None:
                 callback_list.on_epoch_end(epoch_index, logs)
             callback_list.on_train_end(logs)
@@ -579,9 +596,12 @@ class RecModel:
         self._build_optimizer()
         stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
         key = tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked))
-        if key not in self._sink_calls:
+        traced = key not in self._sink_calls
+        if traced:
             self._sink_calls[key] = self._make_sink_call(stacked)
         totals = self._sink_calls[key](stacked, tf.constant(group.num_steps))
+        if traced:
+            _freeze_long_lived()
         return {key: float(value) / group.num_steps for key, value in totals.items()}
 
     def eval(self, valid_dataset: Iterable, callbacks: list | None = None) -> dict[str, float]:

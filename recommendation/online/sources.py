@@ -31,6 +31,7 @@ and restored with it: `dead_letters` is the total over restarts.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import json
@@ -146,19 +147,33 @@ def _to_int(value: Any, field: str, low: int, high: int) -> int:
     return number
 
 
-def _plain_redis_event(flat: list) -> tuple[int, int, int] | None:
-    """The common Redis entry (user, item, timestamp fields in that order, plain
-    non-negative decimals of at most 18 digits, so below 2**63) converted without the
-    general path; None for anything else. Whatever it accepts, `parse_event` accepts
-    with the same result."""
-    if len(flat) != 6 or flat[0] != b"user" or flat[2] != b"item" or flat[4] != b"timestamp":
-        return None
-    user, item, stamp = flat[1], flat[3], flat[5]
-    if max(len(user), len(item), len(stamp)) > 18:
-        return None
-    if not (user.isdigit() and item.isdigit() and stamp.isdigit()):  # ASCII digits only
-        return None
-    return int(user), int(item), int(stamp)
+def _plain_redis_events(flats: list) -> tuple[np.ndarray, np.ndarray]:
+    """`(events (n, 3) int64, plain (n,) bool)` of stream entries' flat field lists,
+    converted in numpy (one entry at a time in Python cost more than training on it).
+
+    Plain entries are the common ones: user, item and timestamp fields in that order,
+    values plain non-negative decimals of at most 18 digits (so below 2**63). Whatever
+    this accepts, `parse_event` accepts with the same result; the other entries (rows
+    of `events` undefined) are left to `_redis_event`.
+    """
+    count = len(flats)
+    events = np.zeros((count, 3), np.int64)
+    try:
+        table = np.array(flats, dtype=object).reshape(count, 6)
+    except ValueError:  # deleted entries (None), other field counts
+        return events, np.zeros(count, bool)
+    plain = (table[:, 0] == b"user") & (table[:, 2] == b"item") & (table[:, 4] == b"timestamp")
+    values = table[:, 1::2].ravel()
+    try:
+        lengths = np.fromiter(map(len, values), np.int64, count=values.size)
+        text = values.astype(bytes)
+    except (TypeError, UnicodeEncodeError):  # values that are not bytes
+        return events, np.zeros(count, bool)
+    # Numpy drops trailing NUL bytes from its strings: a changed length is such a value.
+    digits = (lengths <= 18) & (np.char.str_len(text) == lengths) & np.char.isdigit(text)
+    plain &= digits.reshape(count, 3).all(axis=1)
+    events[plain] = text.reshape(count, 3)[plain].astype(np.int64)
+    return events, plain
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -448,12 +463,10 @@ def _stream_id(value: str | bytes) -> tuple[int, int]:
 
 
 def _redis_event(flat: list | None) -> tuple[int, int, int]:
-    """(user, item, timestamp) of a stream entry's flat ``[field, value, ...]`` list."""
+    """(user, item, timestamp) of a stream entry's flat ``[field, value, ...]`` list
+    (the general path: `_plain_redis_events` converts the common entries)."""
     if not flat:
         raise ValueError("the entry was deleted from the stream")
-    event = _plain_redis_event(flat)
-    if event is not None:
-        return event
     fields = dict(zip(flat[::2], flat[1::2], strict=True))
     record = fields.get(JSON_FIELD.encode())
     return parse_event(record if record is not None else fields)
@@ -499,6 +512,7 @@ class RedisSource:
         self._after: tuple[int, int] | None = None
         self._pending_cursor: str | bytes | None = "0"
         self._last_read: str | None = None
+        # (newest entry id, entry ids) of each reply delivered and not yet acknowledged.
         self._delivered: collections.deque = collections.deque()
         self._group_ready = False
         self._backoff = 0.0
@@ -588,19 +602,29 @@ class RedisSource:
         changes only once all of that is done (a dropped connection midway makes the
         whole reply be read again, from the pending list)."""
         ids = [entry_id.decode() for entry_id, _ in entries]
-        events, good_ids, dead = [], [], 0
-        for entry_id, (_, flat) in zip(ids, entries, strict=True):
+        events, good = _plain_redis_events([flat for _, flat in entries])
+        dead = 0
+        for index in np.flatnonzero(~good):
+            flat = entries[index][1]
             try:
-                events.append(_redis_event(flat))
+                events[index] = _redis_event(flat)
             except ValueError as error:
-                self._dead_letter(entry_id, flat, str(error))
+                self._dead_letter(ids[index], flat, str(error))
                 dead += 1
                 continue
-            good_ids.append(entry_id)
+            good[index] = True
         self.dead_letters += dead
-        self._delivered.extend(ids)
+        self._delivered.append((_stream_id(ids[-1]), ids))
         self._last_read = ids[-1]
-        return _chunk(events, good_ids, {"id": ids[-1], "dead_letters": self.dead_letters})
+        good_ids = ids if not dead else [ids[i] for i in np.flatnonzero(good)]
+        events = events[good]
+        return EventChunk(
+            events[:, 0],
+            events[:, 1],
+            events[:, 2],
+            good_ids,
+            {"id": ids[-1], "dead_letters": self.dead_letters},
+        )
 
     def _dead_letter(self, entry_id: str, flat: list | None, error: str) -> None:
         fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
@@ -624,9 +648,17 @@ class RedisSource:
         if not entry_id:
             return
         last = _stream_id(entry_id)
-        done = []
-        while self._delivered and _stream_id(self._delivered[0]) <= last:
-            done.append(self._delivered.popleft())
+        done: list[str] = []
+        # Whole replies at a time (each entry's id parsed only in a reply that the
+        # position cuts, which a checkpoint's position never does).
+        while self._delivered and self._delivered[0][0] <= last:
+            done += self._delivered.popleft()[1]
+        if self._delivered:
+            newest, ids = self._delivered[0]
+            cut = bisect.bisect_right(ids, last, key=_stream_id)
+            if cut:
+                done += ids[:cut]
+                self._delivered[0] = (newest, ids[cut:])
         try:
             for start in range(0, len(done), 10000):
                 self.client.xack(self.stream, self.group, *done[start : start + 10000])
@@ -634,7 +666,7 @@ class RedisSource:
             # Acknowledged with the next commit; until then they stay pending (and
             # are skipped by id after a restart), so nothing is lost.
             logging.warning("redis unavailable for XACK (%s); retried at the next commit", error)
-            self._delivered.extendleft(reversed(done))
+            self._delivered.appendleft((_stream_id(done[-1]), done))
 
     def close(self) -> None:
         self.client.close()
