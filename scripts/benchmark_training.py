@@ -114,28 +114,42 @@ def cpu_peak_flops(isa: str, lscpu: str) -> dict[str, tuple[float, str]]:
     }
 
 
-_MATMUL_CEILING = """
+_MATMUL = """
 import sys, time
 import tensorflow as tf
-dtype, n = getattr(tf, sys.argv[1]), 4096
-a, b = tf.random.normal([n, n], dtype=tf.float32), tf.random.normal([n, n], dtype=tf.float32)
-a, b = tf.cast(a, dtype), tf.cast(b, dtype)
-step = tf.function(lambda a, b: tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)))
-step(a, b).numpy()
+dtype, xla = getattr(tf, sys.argv[1]), sys.argv[2] == "xla"
+m, k, n = (int(value) for value in sys.argv[3:6])
+transpose_a, transpose_b = (value == "1" for value in sys.argv[6:8])
+a = tf.cast(tf.random.normal([k, m] if transpose_a else [m, k]), dtype)
+b = tf.cast(tf.random.normal([n, k] if transpose_b else [k, n]), dtype)
+product = lambda a, b: tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+step = tf.function(product, jit_compile=xla)  # the whole product out: nothing to elide
+step(a, b)[0, 0].numpy()
 best = float("inf")
 for _ in range(5):
     start = time.perf_counter()
-    step(a, b).numpy()
+    step(a, b)[0, 0].numpy()
     best = min(best, time.perf_counter() - start)
-print(2 * n**3 / best)
+print(2 * m * k * n / best)
 """
+# (name, m, k, n, transpose a, transpose b) of a product (m x k) @ (k x n): a large
+# square one (the ceiling), and the training step's largest layer, 256 -> 128 on a batch
+# of 65,536 rows, forward and its two gradient products.
+MATMULS = (
+    ("4096^3", 4096, 4096, 4096, False, False),
+    ("layer forward", 65536, 256, 128, False, False),
+    ("input gradient", 65536, 128, 256, False, True),
+    ("kernel gradient", 256, 65536, 128, True, False),
+)
 
 
-def measured_matmul_flops(dtype: str) -> float:
-    """FLOP/s of a 4096 x 4096 matmul in TensorFlow on this CPU (best of 5), in a child
-    process: the ceiling a dense layer can reach here, measured in this run."""
+def measured_matmul_flops(dtype: str, shape: tuple = MATMULS[0], xla: bool = False) -> float:
+    """FLOP/s of one product `shape` (a `MATMULS` entry) in TensorFlow on this CPU, best
+    of 5, in a child process: without XLA TensorFlow's own kernel (oneDNN), with it XLA's."""
+    _, m, k, n, transpose_a, transpose_b = shape
+    args = [dtype, "xla" if xla else "tf", m, k, n, int(transpose_a), int(transpose_b)]
     result = subprocess.run(
-        [sys.executable, "-c", _MATMUL_CEILING, dtype],
+        [sys.executable, "-c", _MATMUL, *map(str, args)],
         capture_output=True,
         text=True,
         check=True,
@@ -270,6 +284,15 @@ def throughput(args, work: str) -> None:
             f"TensorFlow, this run); theoretical {peaks[name][0] / 1e9:,.0f} GFLOP/s = "
             f"{peaks[name][1]}"
         )
+    print("matmuls of the step's largest layer, GFLOP/s (best of 5, this run):")
+    print(f"  {'product':<16} {'fp32 TF':>8} {'fp32 XLA':>9} {'bf16 TF':>8} {'bf16 XLA':>9}")
+    for shape in MATMULS[1:]:
+        rates = [
+            measured_matmul_flops(dtype, shape, xla) / 1e9
+            for dtype in ("float32", "bfloat16")
+            for xla in (False, True)
+        ]
+        print(f"  {shape[0]:<16} " + " ".join(f"{rate:>8.0f}" for rate in rates))
     print(
         f"{'system':<40} {'steps':>6} {'examples/s':>12} {'ref GFLOP/s':>11} "
         f"{'exec GFLOP/s':>12} {'exec/ceiling':>12}"
