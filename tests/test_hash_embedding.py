@@ -69,6 +69,23 @@ def test_admitted_rows_train_and_unknown_ids_read_the_default_row():
     assert 99 not in trainer.keys()
 
 
+def test_rows_are_gathered_from_the_table_without_reading_all_of_it():
+    """A lookup gathers rows from the variable (ResourceGather) rather than reading the
+    whole table first: a variable that scatters write (admission, lazy Adam) is copied
+    whole by every such read."""
+    trainer = _Trainer()
+    trainer.step([1, 2])
+    handle = trainer.layer.embeddings.value.handle
+    graph = (
+        tf.function(lambda ids: trainer.layer(ids, training=True))
+        .get_concrete_function(tf.TensorSpec([None], tf.int64))
+        .graph
+    )
+    captured = {id(outer): inner for outer, inner in graph.captures}[id(handle)]
+    readers = {op.type for op in captured.consumers()}
+    assert "ResourceGather" in readers and "ReadVariableOp" not in readers
+
+
 def test_unseen_ids_are_evicted_and_their_rows_reused_with_fresh_state():
     trainer = _Trainer(evict_filter_value=2, capacity=2)
     trainer.step([1, 2])  # step 1

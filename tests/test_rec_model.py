@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -62,6 +63,28 @@ def test_step_end_callbacks_run_once_per_sink(sink_mode, sink_size, expected):
     assert summary["steps"] == 10 and summary["events"] == 320
     assert summary["stopped_by"] == "end of data" and recorder.ended
     assert model.position == 9 and model.trained_ids == [9]
+
+
+def test_what_lives_through_online_training_is_kept_out_of_the_collectors_passes():
+    """The objects alive when training starts and those the trace of the step makes
+    (TensorFlow, the model, the graph) are frozen while it runs, so that the lists a
+    stream read allocates by the thousand no longer make every full collection walk
+    them, and are handed back to the collector when it returns."""
+    counts = {}
+
+    def batches():
+        counts["first read"] = gc.get_freeze_count()
+        yield from _batches(3)
+
+    class AfterTheTrace(Callback):
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            counts.setdefault("first step end", gc.get_freeze_count())
+
+    assert gc.get_freeze_count() == 0
+    model = RecModel(_network(), _loss(), keras.optimizers.Adam(0.01))
+    model.online_train(batches(), [AfterTheTrace()], sink_size=1)
+    assert 0 < counts["first read"] < counts["first step end"]
+    assert gc.get_freeze_count() == 0
 
 
 def test_train_runs_epochs_over_a_finite_dataset():

@@ -305,6 +305,54 @@ def _pending(client, stream="events", group="trainer") -> int:
     return client.xpending(stream, group)["pending"]
 
 
+PLAIN = [b"user", b"12", b"item", b"3400", b"timestamp", b"978300760"]
+
+
+@pytest.mark.parametrize(
+    "flat, plain",
+    [
+        (PLAIN, True),
+        ([b"user", b"007", b"item", b"1", b"timestamp", b"0"], True),  # leading zeros
+        ([b"user", b"9" * 18, b"item", b"1", b"timestamp", b"1"], True),
+        ([b"user", b"9" * 19, b"item", b"1", b"timestamp", b"1"], False),  # past 18 digits
+        ([b"user", b"12\x00", b"item", b"1", b"timestamp", b"1"], False),  # numpy drops it
+        ([b"user", b"\x0012", b"item", b"1", b"timestamp", b"1"], False),
+        ([b"user", b"", b"item", b"1", b"timestamp", b"1"], False),
+        ([b"user", b" 12", b"item", b"1", b"timestamp", b"1"], False),
+        ([b"user", "١٢".encode(), b"item", b"1", b"timestamp", b"1"], False),  # Arabic digits
+        ([b"user", b"-1", b"item", b"1", b"timestamp", b"1"], False),
+        ([b"item", b"1", b"user", b"12", b"timestamp", b"1"], False),  # another field order
+        ([b"json", b'{"user": 1, "item": 2, "timestamp": 3}', b"a", b"b", b"c", b"d"], False),
+    ],
+)
+def test_plain_redis_entries_convert_in_numpy_as_the_general_path_does(flat, plain):
+    """The vectorised conversion of a reply takes only what `parse_event` takes, with
+    the same values; the rest (and a reply it cannot lay out as a table) goes to the
+    general path, entry by entry."""
+    events, converted = sources._plain_redis_events([PLAIN, flat, PLAIN])
+    assert converted.tolist() == [True, plain, True]
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+    if plain:
+        assert tuple(events[1]) == sources.parse_event(fields)
+    assert tuple(events[0]) == tuple(events[2]) == (12, 3400, 978300760)
+    for odd in (None, [b"user", b"1"], PLAIN + [b"extra", b"1"]):  # deleted, short, long
+        assert not sources._plain_redis_events([PLAIN, odd])[1].any()
+
+
+def test_redis_a_commit_inside_a_reply_acknowledges_up_to_its_position(redis_server):
+    """Replies are acknowledged whole, but a position within one (no checkpoint makes
+    such a position) acknowledges exactly the entries up to it, the rest later."""
+    client = redis_server.client()
+    ids = _publish(client, "events", [(u, u, u) for u in range(6)])
+    source = sources.RedisSource(redis_server.client(), "events")
+    assert len(source.read(6, 0.1)) == 6
+    source.commit({"id": ids[3].decode(), "dead_letters": 0})
+    pending = client.xpending_range("events", "trainer", "-", "+", 10)
+    assert [entry["message_id"] for entry in pending] == ids[4:]
+    source.commit({"id": ids[5].decode(), "dead_letters": 0})
+    assert _pending(client) == 0
+
+
 def test_redis_source_acknowledges_only_on_commit(redis_server):
     client = redis_server.client()
     _publish(client, "events", [(u, u * 10, u) for u in range(10)])
