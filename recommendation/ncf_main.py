@@ -206,11 +206,16 @@ def _check_pretrain(config: NcfConfig) -> None:
     """Rejects pre-training flags that cannot work together.
 
     Raises:
-        ValueError: One pretrained model without the other, or pre-training for a model
-            other than NeuMF.
+        ValueError: One pretrained model without the other, pre-training for a model
+            other than NeuMF, or an alpha with nothing to weigh.
     """
     given = [bool(config.pretrain_gmf_dir), bool(config.pretrain_mlp_dir)]
     if not any(given):
+        if config.pretrain_alpha != NcfConfig.pretrain_alpha:
+            raise ValueError(
+                "--pretrain_alpha weighs the pretrained GMF and MLP models: give "
+                "--pretrain_gmf_dir and --pretrain_mlp_dir, or drop it"
+            )
         return
     if not all(given):
         missing = "--pretrain_mlp_dir" if given[0] else "--pretrain_gmf_dir"

@@ -265,6 +265,12 @@ def test_a_pretrain_dir_without_a_checkpoint_or_of_the_other_split_is_refused(tm
             "give --pretrain_gmf_dir too",
         ),
         (
+            dict(pretrain_alpha=0.8),
+            NEUMF,
+            "--pretrain_alpha weighs the pretrained GMF and MLP models: give "
+            "--pretrain_gmf_dir and --pretrain_mlp_dir, or drop it",
+        ),
+        (
             dict(pretrain_gmf_dir="/g", pretrain_mlp_dir="/m"),
             GMF,
             "--pretrain_gmf_dir and --pretrain_mlp_dir start a NeuMF model, not --model gmf",
