@@ -45,9 +45,9 @@ PEER_CWD = tempfile.gettempdir()
 # The NCF paper's Table 2, NeuMF without pre-training: (HR@10, NDCG@10) by factors.
 PAPER_TABLE2 = {8: (0.688, 0.410), 16: (0.696, 0.420), 32: (0.701, 0.425), 64: (0.705, 0.426)}
 ML1M_USERS, ML1M_ITEMS = 6040, 3706  # the throughput suite's tables (its --ratings)
-# Epochs of ML-1M-sized synthetic batches in our throughput rows: 16 x 76 steps, about
-# the peer's 1,200 synthetic steps, so both averages carry their first call's tracing
-# and compilation over as many steps.
+# Epochs of ML-1M-sized synthetic batches in our throughput rows by default: 16 x 76
+# steps, about the peer's 1,200 synthetic steps, so both averages carry their first
+# call's tracing and compilation over as many steps.
 THROUGHPUT_EPOCHS = 16
 
 
@@ -158,14 +158,15 @@ def measured_matmul_flops(dtype: str, shape: tuple = MATMULS[0], xla: bool = Fal
     return float(result.stdout.split()[-1])
 
 
-def _ours(args: list[str], log_path: str) -> tuple[float, str]:
-    """Runs ncf-main; returns (wall seconds, its output). Exits with the end of its log
-    if it fails (bad flags included: ncf-main's own checks decide)."""
+def _ours(args: list[str], log_path: str, tree: str = ROOT) -> tuple[float, str]:
+    """Runs ncf-main of the checkout `tree`; returns (wall seconds, its output). Exits
+    with the end of its log if it fails (bad flags included: ncf-main's checks decide)."""
     start = time.perf_counter()
     with open(log_path, "w") as log:
         status = subprocess.run(
             [sys.executable, "-m", "recommendation.ncf_main", *args],
-            cwd=ROOT,
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": tree},
             stdout=log,
             stderr=subprocess.STDOUT,
         ).returncode
@@ -221,18 +222,26 @@ def ml1m_data_dir(ratings: str, work: str, name: str) -> str:
     return data_dir
 
 
+def _ours_rate(flags: list[str], log_path: str, tree: str = ROOT) -> tuple[float, int]:
+    """(examples/s, steps) of a synthetic-data ncf-main run of the checkout `tree`."""
+    _, log = _ours(flags, log_path, tree)
+    rate = float(re.search(r"throughput: ([\d,]+)", log).group(1).replace(",", ""))
+    epochs = re.findall(r"epoch \d+ \[#+\] 100.0% (\d+)/\1 batches", log)
+    return rate, sum(int(steps) for steps in epochs)
+
+
 def throughput(args, work: str) -> None:
     data_dir = ml1m_data_dir(args.ratings, work, "throughput_data")
     flags = MLPERF_MODEL + [
         "--batch_size=65536",
         "--use_synthetic_data",
-        f"--train_epochs={THROUGHPUT_EPOCHS}",
+        f"--train_epochs={args.throughput_epochs}",
         "--dataset=ml-1m",
         f"--data_dir={data_dir}",
         f"--model_dir={work}/ours",
         "--clean",
     ]
-    rows = []
+    rows, baseline = [], []
     xla = ["--enable_xla", "--batches_per_step=8"]
     for name, extra in (
         ("ours (fp32)", []),
@@ -240,10 +249,10 @@ def throughput(args, work: str) -> None:
         ("ours (bf16)", ["--dtype=bf16"]),
         ("ours (bf16, XLA, 8 steps/call)", ["--dtype=bf16", *xla]),
     ):
-        _, log = _ours(flags + extra, f"{work}/{len(rows)}.log")
-        rate = float(re.search(r"throughput: ([\d,]+)", log).group(1).replace(",", ""))
-        epochs = re.findall(r"epoch \d+ \[#+\] 100.0% (\d+)/\1 batches", log)
-        rows.append((name, rate, sum(int(steps) for steps in epochs)))
+        rows.append((name, *_ours_rate(flags + extra, f"{work}/{len(rows)}.log")))
+        if args.baseline_tree:  # right after, so that both see the same machine
+            log_path = f"{work}/baseline{len(baseline)}.log"
+            baseline.append(_ours_rate(flags + extra, log_path, args.baseline_tree)[0])
     if args.peer:
         peer_flags = [
             "--dataset=ml-1m",
@@ -316,6 +325,10 @@ def throughput(args, work: str) -> None:
     )
     if len(rows) == 5:
         print(f"ours fp32 / peer: {fp32 / rows[-1][1]:.2f}x (target >= 3.0x, issue 18)")
+    if baseline:
+        print(f"against {args.baseline_tree} (the same flags, each run right after ours):")
+        for (name, rate, _), old in zip(rows, baseline, strict=False):
+            print(f"  {name:<38} {old:>12,.0f} -> {rate:>12,.0f} examples/s: {rate / old:.2f}x")
 
 
 def time_to_target(args, work: str) -> None:
@@ -598,6 +611,18 @@ def main() -> None:
         "--log_dir",
         help="keep every run's log and model here (default: a "
         "temporary folder, deleted at the end)",
+    )
+    parser.add_argument(
+        "--throughput_epochs",
+        type=int,
+        default=THROUGHPUT_EPOCHS,
+        help="epochs of synthetic ML-1M steps per throughput row (the default: about as "
+        "many steps as the peer's)",
+    )
+    parser.add_argument(
+        "--baseline_tree",
+        help="another checkout (an older commit): each throughput row is run there too, "
+        "right after ours, and the ratio printed",
     )
     parser.add_argument("--convergence_seeds", type=int, default=10)
     parser.add_argument(
