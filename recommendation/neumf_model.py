@@ -22,6 +22,11 @@ from official.utils.misc import precision
 from official.utils.misc.runner import Mode, ModelSpec, ModelState
 from recommendation import constants
 
+# What NeuMF scores with: both parts (NeuMF), or the NCF paper's GMF or MLP model alone.
+NEUMF, GMF, MLP = "neumf", "gmf", "mlp"
+MODEL_KINDS = (NEUMF, GMF, MLP)
+OPTIMIZERS = ("adam", "sgd")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelParams:
@@ -71,8 +76,8 @@ class ModelParams:
     learning_rate_decay: float = 1.0
     decay_start_epoch: int = 0
     steps_per_epoch: int = 0
-    model_kind: str = "neumf"
-    optimizer: str = "adam"
+    model_kind: str = NEUMF
+    optimizer: str = OPTIMIZERS[0]
     top_k: int = 10
     eval_block_size: int = constants.NUM_EVAL_NEGATIVES + 1
     sparse_updates: bool = False
@@ -103,12 +108,6 @@ class ModelParams:
             raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {self.model_kind!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-
-
-# What NeuMF scores with: both parts (NeuMF), or the NCF paper's GMF or MLP model alone.
-NEUMF, GMF, MLP = "neumf", "gmf", "mlp"
-MODEL_KINDS = (NEUMF, GMF, MLP)
-OPTIMIZERS = ("adam", "sgd")
 
 
 # Embedding-table initialisers by name: the MLPerf reference's, and the NCF paper
