@@ -28,7 +28,9 @@ The semantics are MindSpore's, translated:
   arrives: then the step in flight finishes, ``on_train_end`` runs (the checkpoint
   callback saves and commits the stream offsets) and it returns. In sink mode each
   graph call runs `sink_size` steps (any positive number; MindSpore accepts 1) and
-  step-end callbacks run once per sink; otherwise they run after every step.
+  step-end callbacks run once per sink; otherwise they run after every step. While it
+  runs, the objects alive at its start and after each trace are frozen out of the
+  garbage collector's full passes (``gc.freeze``; unfrozen when it returns).
 
 Unbounded datasets may yield `StreamBatch` objects, which carry the source offsets
 after the batch, and None while no data is available, so that time-based callbacks
