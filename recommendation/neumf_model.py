@@ -252,10 +252,20 @@ class NeuMF(keras.Model):
 
     def score(self, user, item):
         """Logits `(batch, 1)` from looked-up rows `(batch, width)` of each side."""
-        mlp = None
-        if self.mlp_width:
-            mlp = keras.ops.concatenate([user[:, self.gmf_width :], item[:, self.gmf_width :]], -1)
-        return self._head(self._gmf(user, item), mlp, self.mlp)
+        (user_gmf, user_mlp), (item_gmf, item_mlp) = self._parts(user), self._parts(item)
+        gmf = None if user_gmf is None else self.gmf(user_gmf, item_gmf)
+        mlp = None if user_mlp is None else keras.ops.concatenate([user_mlp, item_mlp], -1)
+        return self._head(gmf, mlp, self.mlp)
+
+    def _parts(self, rows):
+        """(GMF columns, MLP columns) of looked-up rows, None for a part the model has
+        not. One split: its gradient is one concatenation, where two slices' would be
+        two zero-filled full-width tensors and their sum."""
+        if not self.mlp_width:
+            return rows, None
+        if not self.gmf_width:
+            return None, rows
+        return tuple(keras.ops.split(rows, [self.gmf_width], axis=-1))
 
     def _gmf(self, user, item):
         """The GMF vector of rows of each side (or of their GMF columns); None without
@@ -501,7 +511,10 @@ class LazyAdam(keras.optimizers.Adam):
         if not isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
         rows, positions = tf.unique(gradient.indices)
-        grad = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
+        width = tf.shape(gradient.values, out_type=tf.int64)[1]
+        grad = dense_gradient(
+            tf.IndexedSlices(gradient.values, positions, tf.stack([tf.size(rows, tf.int64), width]))
+        )
         index = self._get_variable_index(variable)
         momentum, velocity = self._momentums[index], self._velocities[index]
         step = tf.cast(self.iterations + 1, variable.dtype)
@@ -510,8 +523,10 @@ class LazyAdam(keras.optimizers.Adam):
             * tf.sqrt(1 - tf.pow(tf.cast(self.beta_2, variable.dtype), step))
             / (1 - tf.pow(tf.cast(self.beta_1, variable.dtype), step))
         )
-        new_m = self.beta_1 * tf.gather(momentum, rows) + (1 - self.beta_1) * grad
-        new_v = self.beta_2 * tf.gather(velocity, rows) + (1 - self.beta_2) * tf.square(grad)
+        # Gathered from the tf.Variables (a ResourceGather): a dense read of a variable
+        # that scatters write copies all of it first.
+        new_m = self.beta_1 * tf.gather(momentum.value, rows) + (1 - self.beta_1) * grad
+        new_v = self.beta_2 * tf.gather(velocity.value, rows) + (1 - self.beta_2) * tf.square(grad)
         self.assign(momentum, tf.IndexedSlices(new_m, rows))
         self.assign(velocity, tf.IndexedSlices(new_v, rows))
         self.assign_sub(
