@@ -28,15 +28,13 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 from official.utils.misc import machine  # no TensorFlow import
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mlperf_score  # noqa: E402  (a sibling script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]
@@ -455,6 +453,9 @@ def convergence(args, work: str) -> None:
         f"range {min(best):.4f} to {max(best):.4f}"
     )
     print(f"\nscripts/mlperf_score.py {logs}:")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mlperf_score  # a sibling script; here, as it imports TensorFlow
+
     mlperf_score.main([logs])
 
 
@@ -547,10 +548,7 @@ def paper(args, work: str) -> None:
 def mean_and_sd(values) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value)."""
     values = list(values)
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def wall_time_parts(wall_seconds: float, summary: dict, records: list[dict]) -> dict[str, float]:
