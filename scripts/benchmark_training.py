@@ -16,10 +16,14 @@ Suites (each prints a table; both systems run on this machine, in this run):
   factors 8, 16, 32 and 64 over seeds, the epoch selected on a validation holdout and
   the test holdout reported once, beside the paper's Table 2 (NeuMF without
   pre-training): mean and standard deviation over the seeds.
+- ``pretrained``: the same protocol for the paper's pre-trained NeuMF: a GMF and an MLP
+  model trained alone, then NeuMF started from both and fine-tuned with SGD, each
+  selected on validation, beside Table 2's pre-trained row.
 
     python scripts/benchmark_training.py --suite throughput --suite time_to_target \
         --ratings ../shared/data/ml-1m/ratings.dat --peer ../shared/peer/ncf_official.sh
-    python scripts/benchmark_training.py --suite paper --ncf_dir ../shared/data/ncf
+    python scripts/benchmark_training.py --suite paper --suite pretrained \
+        --ncf_dir ../shared/data/ncf
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regulariza
 PEER_CWD = tempfile.gettempdir()
 # The NCF paper's Table 2, NeuMF without pre-training: (HR@10, NDCG@10) by factors.
 PAPER_TABLE2 = {8: (0.688, 0.410), 16: (0.696, 0.420), 32: (0.701, 0.425), 64: (0.705, 0.426)}
+# The same table's NeuMF with pre-training (GMF and MLP trained first, alpha 0.5).
+PAPER_TABLE2_PRETRAINED = {
+    8: (0.684, 0.403),
+    16: (0.707, 0.426),
+    32: (0.726, 0.445),
+    64: (0.730, 0.447),
+}
 ML1M_USERS, ML1M_ITEMS = 6040, 3706  # the throughput suite's tables (its --ratings)
 # Epochs of ML-1M-sized synthetic batches in our throughput rows by default: 16 x 76
 # steps, about the peer's 1,200 synthetic steps, so both averages carry their first
@@ -475,6 +486,82 @@ def paper_layers(factors: int, tower: str) -> str:
     return ",".join(str(factors * 2 ** (depth - 1 - i)) for i in range(depth))
 
 
+def _paper_run(args, work: str, name: str, factors: int, seed: int, *flags: str) -> tuple:
+    """One validation-selected run of the paper protocol, the configuration from the
+    --paper_* options and `flags` after them (a later flag wins); returns (its summary,
+    wall seconds)."""
+    layers = paper_layers(factors, args.paper_tower)
+    seconds, _ = _ours(
+        [
+            "--dataset=ncf-ml-1m",
+            f"--data_dir={os.path.dirname(args.ncf_dir)}",
+            f"--cache_dir={work}/ncf_cache",
+            f"--model_dir={work}/{name}",
+            "--clean",
+            "--eval_split=validation",
+            f"--num_factors={factors}",
+            f"--layers={layers}",
+            "--mlp_regularization=" + ",".join("0" * len(layers.split(","))),
+            f"--train_epochs={args.paper_epochs}",
+            f"--batch_size={args.paper_batch_size}",
+            f"--learning_rate={args.paper_learning_rate}",
+            f"--learning_rate_decay={args.paper_learning_rate_decay}",
+            f"--decay_start_epoch={args.paper_decay_start_epoch}",
+            f"--embedding_init={args.paper_embedding_init}",
+            f"--num_neg={args.paper_num_neg}",
+            f"--weight_decay={args.paper_weight_decay}",
+            f"--sparse_embedding_updates={args.paper_sparse_updates}",
+            "--batches_per_step=32",
+            "--enable_xla",
+            f"--seed={seed}",
+            f"--benchmark_log_dir={work}/{name}",
+            *flags,
+        ],
+        f"{work}/{name}.log",
+    )
+    return _last_summary(f"{work}/{name}/benchmark.jsonl"), seconds
+
+
+PAPER_HEADER = (
+    f"{'factors':>7} {'seed':>5} {'model':>10} {'epoch':>5} {'val HR':>7} {'test HR':>8} "
+    f"{'test NDCG':>9} {'paper HR':>9} {'paper NDCG':>11} {'wall s':>7}"
+)
+
+
+def _paper_row(factors, seed, model: str, summary: dict, paper_row: tuple | None, seconds) -> str:
+    """One run's line; `paper_row`: Table 2's (HR@10, NDCG@10), None where it has none."""
+    paper_hr, paper_ndcg = (f"{value:.3f}" for value in paper_row) if paper_row else ("-", "-")
+    return (
+        f"{factors:>7} {seed:>5} {model:>10} {summary['best_epoch']:>5} "
+        f"{summary['best_hr']:>7.4f} {summary['test_hr']:>8.4f} {summary['test_ndcg']:>9.4f} "
+        f"{paper_hr:>9} {paper_ndcg:>11} {seconds:>7.0f}"
+    )
+
+
+def _paper_mean_row(factors, model: str, summaries: list[dict], paper_row: tuple) -> str:
+    """Mean and sample sd of test HR@10 / NDCG@10 over seeds, beside the paper's."""
+    (mean_hr, sd_hr), (mean_ndcg, sd_ndcg) = (
+        mean_and_sd(summary[key] for summary in summaries) for key in ("test_hr", "test_ndcg")
+    )
+    side = "below" if mean_hr < paper_row[0] else "at or above"
+    return (
+        f"{factors:>7} {'mean':>5} {model:>10} {'':>5} {'':>7} {mean_hr:>8.4f} "
+        f"{mean_ndcg:>9.4f} {paper_row[0]:>9.3f} {paper_row[1]:>11.3f}   sd {sd_hr:.4f} / "
+        f"{sd_ndcg:.4f}; test HR {mean_hr - paper_row[0]:+.4f}: {side} the paper"
+    )
+
+
+def _paper_configuration(args) -> str:
+    return (
+        f"tower {args.paper_tower}, {args.paper_embedding_init} embeddings, "
+        f"{args.paper_num_neg} negatives, batch {args.paper_batch_size}, "
+        f"weight decay {args.paper_weight_decay}, "
+        f"{'sparse (lazy Adam)' if args.paper_sparse_updates else 'dense'} embedding updates, "
+        f"Adam lr {args.paper_learning_rate} x {args.paper_learning_rate_decay} per epoch from "
+        f"epoch {args.paper_decay_start_epoch}, {args.paper_epochs} epochs; sd over seeds (n - 1)"
+    )
+
+
 def paper(args, work: str) -> None:
     """The paper protocol with selection on validation only: each run trains with each
     user's second-to-last training interaction held out, picks its epoch on it, and
@@ -483,66 +570,59 @@ def paper(args, work: str) -> None:
         "\nNCF paper protocol (ncf-ml-1m split, 99 fixed test negatives), NeuMF without "
         "pre-training; epoch selected on validation, test reported once"
     )
-    print(
-        f"{'factors':>7} {'seed':>5} {'epoch':>5} {'val HR':>7} {'test HR':>8} "
-        f"{'test NDCG':>9} {'paper HR':>9} {'paper NDCG':>11} {'wall s':>7}"
-    )
+    print(PAPER_HEADER)
     for factors in args.paper_factors:
-        layers = paper_layers(factors, args.paper_tower)
-        paper_hr, paper_ndcg = PAPER_TABLE2[factors]
-        results = []
+        summaries = []
         for seed in args.paper_seed:
-            name = f"paper{factors}_seed{seed}"
-            seconds, _ = _ours(
-                [
-                    "--dataset=ncf-ml-1m",
-                    f"--data_dir={os.path.dirname(args.ncf_dir)}",
-                    f"--cache_dir={work}/ncf_cache",
-                    f"--model_dir={work}/{name}",
-                    "--clean",
-                    "--eval_split=validation",
-                    f"--num_factors={factors}",
-                    f"--layers={layers}",
-                    "--mlp_regularization=" + ",".join("0" * len(layers.split(","))),
-                    f"--train_epochs={args.paper_epochs}",
-                    f"--batch_size={args.paper_batch_size}",
-                    f"--learning_rate={args.paper_learning_rate}",
-                    f"--learning_rate_decay={args.paper_learning_rate_decay}",
-                    f"--decay_start_epoch={args.paper_decay_start_epoch}",
-                    f"--embedding_init={args.paper_embedding_init}",
-                    f"--num_neg={args.paper_num_neg}",
-                    f"--weight_decay={args.paper_weight_decay}",
-                    f"--sparse_embedding_updates={args.paper_sparse_updates}",
-                    "--batches_per_step=32",
-                    "--enable_xla",
-                    f"--seed={seed}",
-                    f"--benchmark_log_dir={work}/{name}",
-                ],
-                f"{work}/{name}.log",
-            )
-            summary = _last_summary(f"{work}/{name}/benchmark.jsonl")
-            results.append((summary["test_hr"], summary["test_ndcg"]))
-            print(
-                f"{factors:>7} {seed:>5} {summary['best_epoch']:>5} {summary['best_hr']:>7.4f} "
-                f"{summary['test_hr']:>8.4f} {summary['test_ndcg']:>9.4f} {paper_hr:>9.3f} "
-                f"{paper_ndcg:>11.3f} {seconds:>7.0f}"
-            )
-        hrs, ndcgs = zip(*results, strict=True)
-        (mean_hr, sd_hr), (mean_ndcg, sd_ndcg) = mean_and_sd(hrs), mean_and_sd(ndcgs)
-        side = "below" if mean_hr < paper_hr else "at or above"
-        print(
-            f"{factors:>7} {'mean':>5} {'':>5} {'':>7} {mean_hr:>8.4f} {mean_ndcg:>9.4f} "
-            f"{paper_hr:>9.3f} {paper_ndcg:>11.3f}   sd {sd_hr:.4f} / {sd_ndcg:.4f}; test HR "
-            f"{mean_hr - paper_hr:+.4f}: {side} the paper"
-        )
+            summary, seconds = _paper_run(args, work, f"paper{factors}_seed{seed}", factors, seed)
+            summaries.append(summary)
+            print(_paper_row(factors, seed, "neumf", summary, PAPER_TABLE2[factors], seconds))
+        print(_paper_mean_row(factors, "neumf", summaries, PAPER_TABLE2[factors]))
+    print(_paper_configuration(args))
+
+
+def pretrained(args, work: str) -> None:
+    """The paper's pre-trained NeuMF (its section 3.4.1), each stage selected on
+    validation: a GMF and an MLP model trained alone (Adam), then NeuMF started from
+    both (alpha 0.5) and fine-tuned with plain SGD, the paper's switch, at each
+    --pretrain_learning_rate; the test holdout reported once per run, at its selected
+    epoch, and the learning rate chosen on mean validation HR@10 over the seeds."""
     print(
-        f"tower {args.paper_tower}, {args.paper_embedding_init} embeddings, "
-        f"{args.paper_num_neg} negatives, batch {args.paper_batch_size}, "
-        f"weight decay {args.paper_weight_decay}, "
-        f"{'sparse (lazy Adam)' if args.paper_sparse_updates else 'dense'} embedding updates, "
-        f"lr {args.paper_learning_rate} x {args.paper_learning_rate_decay} per epoch from epoch "
-        f"{args.paper_decay_start_epoch}, {args.paper_epochs} epochs; sd over seeds (n - 1)"
+        "\nNCF paper protocol, pre-trained NeuMF (GMF and MLP alone, then NeuMF from both, "
+        "SGD); each run's epoch selected on validation, test reported once"
     )
+    print(PAPER_HEADER)
+    for factors in args.paper_factors:
+        paper_row = PAPER_TABLE2_PRETRAINED[factors]
+        summaries = {rate: [] for rate in args.pretrain_learning_rate}
+        for seed in args.paper_seed:
+            names = {model: f"pretrained{factors}_seed{seed}_{model}" for model in ("gmf", "mlp")}
+            for model, name in names.items():
+                summary, seconds = _paper_run(args, work, name, factors, seed, f"--model={model}")
+                print(_paper_row(factors, seed, model, summary, None, seconds))
+            for rate, runs in summaries.items():
+                summary, seconds = _paper_run(
+                    args,
+                    work,
+                    f"pretrained{factors}_seed{seed}_neumf_sgd{rate:g}",
+                    factors,
+                    seed,
+                    f"--pretrain_gmf_dir={work}/{names['gmf']}",
+                    f"--pretrain_mlp_dir={work}/{names['mlp']}",
+                    "--optimizer=sgd",
+                    f"--learning_rate={rate}",
+                )
+                runs.append(summary)
+                print(_paper_row(factors, seed, f"sgd {rate:g}", summary, paper_row, seconds))
+        mean_validation = {
+            rate: statistics.fmean(run["best_hr"] for run in runs)
+            for rate, runs in summaries.items()
+        }
+        chosen = max(mean_validation, key=mean_validation.get)
+        print(_paper_mean_row(factors, f"sgd {chosen:g}", summaries[chosen], paper_row))
+        if len(summaries) > 1:
+            print(f"{'':>7} SGD learning rate {chosen:g} chosen on mean validation HR@10")
+    print(_paper_configuration(args) + "; NeuMF fine-tuned with SGD (constant rate), alpha 0.5")
 
 
 def mean_and_sd(values) -> tuple[float, float]:
@@ -585,7 +665,7 @@ def main() -> None:
         "--suite",
         action="append",
         required=True,
-        choices=["throughput", "time_to_target", "paper", "convergence"],
+        choices=["throughput", "time_to_target", "paper", "pretrained", "convergence"],
     )
     parser.add_argument("--ratings", help="ML-1M ratings.dat")
     parser.add_argument("--ncf_dir", help="folder holding ml-1m.train.rating etc.")
@@ -635,6 +715,14 @@ def main() -> None:
         help="default: 8, 16, 32 and 64",
     )
     parser.add_argument("--paper_learning_rate", type=float, default=0.001)
+    parser.add_argument(
+        "--pretrain_learning_rate",
+        type=float,
+        action="append",
+        help="SGD learning rate(s) of the pre-trained NeuMF (the pretrained suite; "
+        "default: 0.001, the paper code's), each fine-tuned from the same GMF and MLP "
+        "models; the one with the best mean validation HR@10 is reported",
+    )
     parser.add_argument("--paper_learning_rate_decay", type=float, default=1.0)
     parser.add_argument("--paper_decay_start_epoch", type=int, default=0)
     parser.add_argument(
@@ -675,6 +763,7 @@ def main() -> None:
     args.peer_learning_rate = args.peer_learning_rate or [0.001]
     args.paper_factors = args.paper_factors or sorted(PAPER_TABLE2)
     args.paper_seed = args.paper_seed or [1, 2, 3]
+    args.pretrain_learning_rate = args.pretrain_learning_rate or [0.001]
     if args.peer:
         subprocess.run(["bash", args.peer, "setup"], check=True, cwd=PEER_CWD)
         if args.ratings:
@@ -691,6 +780,7 @@ def main() -> None:
                 "throughput": throughput,
                 "time_to_target": time_to_target,
                 "paper": paper,
+                "pretrained": pretrained,
                 "convergence": convergence,
             }
             suites[suite](args, work)
