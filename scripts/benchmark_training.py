@@ -614,15 +614,20 @@ def pretrained(args, work: str) -> None:
                 )
                 runs.append(summary)
                 print(_paper_row(factors, seed, f"sgd {rate:g}", summary, paper_row, seconds))
-        mean_validation = {
-            rate: statistics.fmean(run["best_hr"] for run in runs)
-            for rate, runs in summaries.items()
-        }
-        chosen = max(mean_validation, key=mean_validation.get)
+        chosen = chosen_on_validation(summaries)
         print(_paper_mean_row(factors, f"sgd {chosen:g}", summaries[chosen], paper_row))
         if len(summaries) > 1:
             print(f"{'':>7} SGD learning rate {chosen:g} chosen on mean validation HR@10")
     print(_paper_configuration(args) + "; NeuMF fine-tuned with SGD (constant rate), alpha 0.5")
+
+
+def chosen_on_validation(runs_by_setting: dict) -> object:
+    """The setting whose runs have the best mean validation HR@10 (their summaries'
+    ``best_hr``, the selected epoch's); their test HR plays no part. The first on ties."""
+    return max(
+        runs_by_setting,
+        key=lambda setting: statistics.fmean(run["best_hr"] for run in runs_by_setting[setting]),
+    )
 
 
 def mean_and_sd(values) -> tuple[float, float]:

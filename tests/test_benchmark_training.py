@@ -76,3 +76,16 @@ def test_the_wall_time_is_split_into_what_the_benchmark_log_measured(script):
         "training (first calls compile)": 18.0,
         "evaluation": 5.0,
     }
+
+
+def test_the_fine_tuning_rate_is_chosen_on_validation_alone(script):
+    # 0.1 has the best test HR of any run and the best single validation HR, 0.01 the
+    # best mean validation HR over the seeds: the choice is 0.01.
+    runs = {
+        0.001: [{"best_hr": 0.70, "test_hr": 0.67}, {"best_hr": 0.70, "test_hr": 0.67}],
+        0.01: [{"best_hr": 0.71, "test_hr": 0.66}, {"best_hr": 0.71, "test_hr": 0.66}],
+        0.1: [{"best_hr": 0.72, "test_hr": 0.69}, {"best_hr": 0.69, "test_hr": 0.69}],
+    }
+    assert script.chosen_on_validation(runs) == 0.01
+    # Equal means: the first setting given.
+    assert script.chosen_on_validation({0.5: runs[0.01], 0.2: runs[0.01]}) == 0.5
