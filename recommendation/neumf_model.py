@@ -306,11 +306,10 @@ class NeuMF(keras.Model):
         for side, (embedding, ids) in enumerate(
             ((self.user_embedding, users), (self.item_embedding, items))
         ):
-            table = self._table_rows(embedding)
-            if self.gmf_width:
-                gmf_rows.append(take_rows(table[:, : self.gmf_width], ids))
-            term = self._first_layer_term(table[:, self.gmf_width :], side)
-            terms.append(take_rows(term, ids))
+            table_gmf, table_mlp = self._parts(self._table_rows(embedding))
+            if table_gmf is not None:
+                gmf_rows.append(take_rows(table_gmf, ids))
+            terms.append(take_rows(self._first_layer_term(table_mlp, side), ids))
         gmf = self.gmf(*gmf_rows) if gmf_rows else None
         return self._head(gmf, self._first_layer_output(*terms), self.mlp[1:])
 
@@ -318,16 +317,20 @@ class NeuMF(keras.Model):
         return keras.ops.cast(embedding.embeddings, self.compute_dtype)
 
     def _first_layer_term(self, rows, side: int):
-        """``u W_u`` (side 0) or ``i W_i`` (side 1): one half of the first MLP layer."""
+        """``u W_u + b`` (side 0) or ``i W_i`` (side 1): one half of the first MLP layer,
+        the bias on the user side, whose rows are fewer than the pairs they serve (so
+        its gradient is a sum over those rows, not over the batch)."""
         half = self.layer_sizes[0] // 2
-        kernel = keras.ops.cast(self.mlp[0].kernel, self.compute_dtype)
-        return keras.ops.matmul(rows, kernel[half:] if side else kernel[:half])
+        first = self.mlp[0]
+        kernel = keras.ops.cast(first.kernel, self.compute_dtype)
+        if side:
+            return keras.ops.matmul(rows, kernel[half:])
+        return keras.ops.matmul(rows, kernel[:half]) + keras.ops.cast(
+            first.bias, self.compute_dtype
+        )
 
     def _first_layer_output(self, user_term, item_term):
-        first = self.mlp[0]
-        return first.activation(
-            user_term + item_term + keras.ops.cast(first.bias, self.compute_dtype)
-        )
+        return self.mlp[0].activation(user_term + item_term)
 
     def _score_grid(self, user, item, item_term=None):
         """Logits `(U, N)` of user rows `(U, 1, width)` against item rows `(U or 1, N,

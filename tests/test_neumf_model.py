@@ -391,6 +391,33 @@ def test_table_side_first_layer_is_the_same_function():
     assert model._project_tables_first(40) and not model._project_tables_first(5)
 
 
+def test_the_table_side_step_sums_and_cuts_tables_not_batches():
+    """With the first layer on the tables, its bias gradient is a sum over the user
+    table's rows (the bias joins the user term), not over the batch, and each table is
+    split once into its GMF and MLP columns (gradient: one concatenation), not sliced
+    twice (two zero-filled table-sized gradients and their sum)."""
+    params = _params(num_users=5, num_items=7)  # 12 table rows < 2 x batch of 40
+    model = neumf_model.build_model(params)
+    rng = np.random.default_rng(0)
+    features = _features(rng.integers(0, 5, 40), rng.integers(0, 7, 40))
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(features))
+        return tape.gradient(loss, model.trainable_variables)
+
+    graph = gradients.get_concrete_function().graph
+    first_width = model.mlp[0].units
+    summed = [tuple(op.inputs[0].shape) for op in graph.get_operations() if op.type == "Sum"]
+    assert (5, first_width) in summed and (40, first_width) not in summed, summed
+    tables = {(5, 8), (7, 8)}
+    slice_gradients = [
+        tuple(op.outputs[0].shape) for op in graph.get_operations() if op.type == "StridedSliceGrad"
+    ]
+    assert not tables & set(slice_gradients), slice_gradients
+
+
 def test_a_checkpoint_of_the_model_alone_holds_every_weight(tmp_path):
     """`tf.train.Checkpoint(model=...)` without the optimizer restores the MLP too
     (Keras' list of layers is invisible to TensorFlow's object graph)."""
