@@ -203,6 +203,7 @@ def _peer(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=PEER_CWD,
+            env=peer_environment(),
         )
         while process.poll() is None and time.perf_counter() - start < timeout:
             time.sleep(1)
@@ -214,6 +215,12 @@ def _peer(
             process.wait()
     with open(log_path) as log:
         return seconds, log.read()
+
+
+def peer_environment() -> dict[str, str]:
+    """This process's environment without PYTHONPATH: one naming a checkout of ours
+    (as for a run from a worktree) would put our `official` package before the peer's."""
+    return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
 
 
 def peer_hit_rates(log_path: str) -> list[float]:
@@ -770,12 +777,15 @@ def main() -> None:
     args.paper_seed = args.paper_seed or [1, 2, 3]
     args.pretrain_learning_rate = args.pretrain_learning_rate or [0.001]
     if args.peer:
-        subprocess.run(["bash", args.peer, "setup"], check=True, cwd=PEER_CWD)
+        subprocess.run(
+            ["bash", args.peer, "setup"], check=True, cwd=PEER_CWD, env=peer_environment()
+        )
         if args.ratings:
             subprocess.run(
                 ["bash", args.peer, "prepare", os.path.abspath(args.ratings), args.peer_data],
                 check=True,
                 cwd=PEER_CWD,
+                env=peer_environment(),
             )
     with tempfile.TemporaryDirectory() as temp_dir:
         work = args.log_dir or temp_dir

@@ -89,3 +89,15 @@ def test_the_fine_tuning_rate_is_chosen_on_validation_alone(script):
     assert script.chosen_on_validation(runs) == 0.01
     # Equal means: the first setting given.
     assert script.chosen_on_validation({0.5: runs[0.01], 0.2: runs[0.01]}) == 0.5
+
+
+def test_the_peer_runs_without_our_pythonpath(script, tmp_path, monkeypatch):
+    # Run from a worktree with PYTHONPATH naming it, our `official` would shadow the
+    # peer's package (it has no `official.recommendation`: its setup failed so).
+    peer = tmp_path / "peer.sh"
+    peer.write_text('echo "args: $*"; echo "PYTHONPATH=[$PYTHONPATH] HOME=[$HOME]"\n')
+    monkeypatch.setenv("PYTHONPATH", "/some/checkout")
+    monkeypatch.setenv("HOME", "/home/kept")
+    _, log = script._peer(str(peer), ["--flag"], str(tmp_path / "peer.log"), timeout=60)
+    assert "args: run --flag" in log
+    assert "PYTHONPATH=[] HOME=[/home/kept]" in log
