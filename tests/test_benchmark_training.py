@@ -101,3 +101,20 @@ def test_the_peer_runs_without_our_pythonpath(script, tmp_path, monkeypatch):
     _, log = script._peer(str(peer), ["--flag"], str(tmp_path / "peer.log"), timeout=60)
     assert "args: run --flag" in log
     assert "PYTHONPATH=[] HOME=[/home/kept]" in log
+
+
+def test_each_throughput_row_runs_the_configuration_it_names(script):
+    # Through ncf-main's own flag parsing and the ml-1m preset, which turns XLA on for
+    # the flags left unset: a row without XLA in its name must run without it.
+    from absl import flags
+
+    from recommendation import ncf_common
+
+    for name, extra in script.THROUGHPUT_ROWS:
+        flag_values = flags.FlagValues()
+        ncf_common.define_ncf_flags(flag_values)
+        flag_values(["ncf_main", *script.MLPERF_MODEL, "--dataset=ml-1m", *extra])
+        config = ncf_common.ncf_config_from_flags(flag_values)
+        xla = "XLA" in name
+        assert (config.enable_xla, config.batches_per_step) == (xla, 8 if xla else 1), name
+        assert (config.model.dtype == "bf16") == ("bf16" in name), name
