@@ -258,9 +258,9 @@ class NeuMF(keras.Model):
         return self._head(gmf, mlp, self.mlp)
 
     def _parts(self, rows):
-        """(GMF columns, MLP columns) of looked-up rows, None for a part the model has
-        not. One split: its gradient is one concatenation, where two slices' would be
-        two zero-filled full-width tensors and their sum."""
+        """(GMF columns, MLP columns) of rows (looked up, or a whole table), None for a
+        part the model has not. One split: its gradient is one concatenation, where two
+        slices' would be two zero-filled full-width tensors and their sum."""
         if not self.mlp_width:
             return rows, None
         if not self.gmf_width:
