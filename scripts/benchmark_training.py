@@ -42,8 +42,6 @@ from official.utils.misc import machine  # no TensorFlow import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]
-# The peer's package is also called `official`: run it away from this checkout.
-PEER_CWD = tempfile.gettempdir()
 # The NCF paper's Table 2, NeuMF without pre-training: (HR@10, NDCG@10) by factors.
 PAPER_TABLE2 = {8: (0.688, 0.410), 16: (0.696, 0.420), 32: (0.701, 0.425), 64: (0.705, 0.426)}
 # The same table's NeuMF with pre-training (GMF and MLP trained first, alpha 0.5).
@@ -202,8 +200,7 @@ def _peer(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=PEER_CWD,
-            env=peer_environment(),
+            **peer_process(),
         )
         while process.poll() is None and time.perf_counter() - start < timeout:
             time.sleep(1)
@@ -217,10 +214,14 @@ def _peer(
         return seconds, log.read()
 
 
-def peer_environment() -> dict[str, str]:
-    """This process's environment without PYTHONPATH: one naming a checkout of ours
-    (as for a run from a worktree) would put our `official` package before the peer's."""
-    return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+def peer_process() -> dict:
+    """Where and how every peer command runs (subprocess keywords). Its package is also
+    called `official`: away from this checkout, and without PYTHONPATH, which can name
+    one of ours (a run from a worktree) and so put our `official` before the peer's."""
+    return {
+        "cwd": tempfile.gettempdir(),
+        "env": {name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
+    }
 
 
 def peer_hit_rates(log_path: str) -> list[float]:
@@ -782,15 +783,12 @@ def main() -> None:
     args.paper_seed = args.paper_seed or [1, 2, 3]
     args.pretrain_learning_rate = args.pretrain_learning_rate or [0.001]
     if args.peer:
-        subprocess.run(
-            ["bash", args.peer, "setup"], check=True, cwd=PEER_CWD, env=peer_environment()
-        )
+        subprocess.run(["bash", args.peer, "setup"], check=True, **peer_process())
         if args.ratings:
             subprocess.run(
                 ["bash", args.peer, "prepare", os.path.abspath(args.ratings), args.peer_data],
                 check=True,
-                cwd=PEER_CWD,
-                env=peer_environment(),
+                **peer_process(),
             )
     with tempfile.TemporaryDirectory() as temp_dir:
         work = args.log_dir or temp_dir
