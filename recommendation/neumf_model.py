@@ -427,12 +427,26 @@ class NeuMF(keras.Model):
 
 def dense_gradient(gradient: tf.IndexedSlices) -> tf.Tensor:
     """The dense tensor of a row gather's gradient, bit for bit TensorFlow's own
-    conversion (UnsortedSegmentSum), whose CPU kernel took 3.5x as long as
-    `tf.tensor_scatter_nd_add` here (40 vs 12 ms for 65,536 rows of 256 into 6,040)."""
-    shape = tf.cast(gradient.dense_shape, tf.int32)
-    return tf.tensor_scatter_nd_add(
-        tf.zeros(shape, gradient.values.dtype), gradient.indices[:, None], gradient.values
-    )
+    conversion (UnsortedSegmentSum, 3.5x slower than a scatter here). The scatter is
+    compiled by XLA where the table's row count is known when the step is traced:
+    TensorFlow's kernel pays about 0.2 us a row, XLA's loop put 65,536 rows of 256 into
+    6,040 in 3 ms against 13. Not for LazyAdam's unique rows, whose count changes each
+    step (a compilation each)."""
+    rows = tf.get_static_value(gradient.dense_shape)
+    if rows is None:
+        rows = tf.cast(gradient.dense_shape[0], tf.int32)
+        return _scatter_rows(gradient.indices, gradient.values, rows)
+    return _compiled_scatter_rows(gradient.indices, gradient.values, int(rows[0]))
+
+
+def _scatter_rows(ids: tf.Tensor, values: tf.Tensor, rows: int | tf.Tensor) -> tf.Tensor:
+    """``(rows, width)`` zeros with each row of `values` added at its row in `ids`."""
+    zeros = tf.zeros([rows, tf.shape(values)[1]], values.dtype)
+    return tf.tensor_scatter_nd_add(zeros, ids[:, None], values)
+
+
+# Traced once per table (`rows`, a Python int) and batch shape.
+_compiled_scatter_rows = tf.function(_scatter_rows, jit_compile=True)
 
 
 @tf.custom_gradient

@@ -454,6 +454,31 @@ def test_dense_row_gradients_are_tensorflows_own_bit_for_bit():
     np.testing.assert_array_equal(dense, expected)
 
 
+def test_dense_row_gradients_of_known_tables_are_compiled_by_xla():
+    """A table whose row count the step knows gets its gather gradient from one
+    XLA-compiled scatter (4x TensorFlow's kernel at the MLPerf size), not from a
+    TensorFlow scatter run op by op; a count known only when it runs (LazyAdam's unique
+    rows) keeps TensorFlow's kernel rather than a compilation per count."""
+
+    @tf.function
+    def gradients(table, ids, upstream):
+        with tf.GradientTape() as tape:
+            tape.watch(table)
+            rows = neumf_model.take_rows(table, ids)
+        unique, positions = tf.unique(ids)  # as LazyAdam densifies
+        shape = tf.stack([tf.size(unique, tf.int64), 5])
+        unknown_rows = tf.IndexedSlices(upstream, positions, shape)
+        return tape.gradient(rows, table, upstream), neumf_model.dense_gradient(unknown_rows)
+
+    specs = (tf.TensorSpec((7, 5)), tf.TensorSpec((300,), tf.int32), tf.TensorSpec((300, 5)))
+    graph = gradients.get_concrete_function(*specs).graph
+    calls = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
+    compiled = [op for op in calls if op.get_attr("_XlaMustCompile")]
+    assert len(compiled) == 1, [op.type for op in graph.get_operations()]
+    scatters = [op.type for op in graph.get_operations() if "Scatter" in op.type]
+    assert scatters == ["TensorScatterAdd"]  # the unknown count's, outside XLA
+
+
 @pytest.mark.parametrize(
     "layers", [(8, 6, 4), (8,)], ids=["with_mlp_layers", "embedding_concatenation_only"]
 )
