@@ -118,3 +118,20 @@ def test_each_throughput_row_runs_the_configuration_it_names(script):
         xla = "XLA" in name
         assert (config.enable_xla, config.batches_per_step) == (xla, 8 if xla else 1), name
         assert (config.model.dtype == "bf16") == ("bf16" in name), name
+
+
+def test_repeated_throughput_runs_take_turns(script):
+    # A slow spell of the machine (here the third and fourth calls) falls on both
+    # sides when they alternate; in sequence it would fall on one side's runs only.
+    calls, speeds = [], iter([10, 10, 4, 4, 10, 10])
+
+    def side(name):
+        def run(repeat):
+            calls.append((name, repeat))
+            return next(speeds)
+
+        return run
+
+    results = script.alternated_runs({"ours": side("ours"), "old": side("old")}, 3)
+    assert calls == [("ours", 0), ("old", 0), ("ours", 1), ("old", 1), ("ours", 2), ("old", 2)]
+    assert results == {"ours": [10, 4, 10], "old": [10, 4, 10]}
