@@ -309,9 +309,9 @@ class NeuMF(keras.Model):
             table_gmf, table_mlp = self._parts(self._table_rows(embedding))
             if table_gmf is not None:
                 gmf_rows.append(take_rows(table_gmf, ids))
-            terms.append(take_rows(self._first_layer_term(table_mlp, side), ids))
+            terms.append(self._first_layer_term(table_mlp, side))
         gmf = self.gmf(*gmf_rows) if gmf_rows else None
-        return self._head(gmf, self._first_layer_output(*terms), self.mlp[1:])
+        return self._head(gmf, first_layer_of_rows(*terms, users, items), self.mlp[1:])
 
     def _table_rows(self, embedding: keras.layers.Embedding):
         return keras.ops.cast(embedding.embeddings, self.compute_dtype)
@@ -460,6 +460,32 @@ def take_rows(table: tf.Tensor, ids: tf.Tensor):
         return dense_gradient(slices), None
 
     return tf.gather(table, ids), gradient
+
+
+@tf.custom_gradient
+def first_layer_of_rows(user_terms, item_terms, users, items):
+    """``relu(user_terms[users] + item_terms[items])``: the first MLP layer's output
+    from the tables' first-layer terms, each way one XLA-compiled loop over the batch
+    (gathers, sum and ReLU; ReLU's gradient and the two scatters of `dense_gradient`)
+    instead of five TensorFlow ops, each a pass over a batch x width tensor."""
+    output = _compiled_first_layer(user_terms, item_terms, users, items)
+
+    def gradient(upstream):
+        rows = (user_terms.shape[0], item_terms.shape[0])
+        return (*_compiled_first_layer_gradient(upstream, output, users, items, rows), None, None)
+
+    return output, gradient
+
+
+@tf.function(jit_compile=True)
+def _compiled_first_layer(user_terms, item_terms, users, items):
+    return tf.nn.relu(tf.gather(user_terms, users) + tf.gather(item_terms, items))
+
+
+@tf.function(jit_compile=True)
+def _compiled_first_layer_gradient(upstream, output, users, items, rows):
+    upstream = tf.where(output > 0, upstream, tf.zeros_like(upstream))  # ReluGrad's
+    return _scatter_rows(users, upstream, rows[0]), _scatter_rows(items, upstream, rows[1])
 
 
 def build_model(params: ModelParams) -> NeuMF:

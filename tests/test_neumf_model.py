@@ -421,6 +421,30 @@ def test_the_table_side_step_sums_and_cuts_tables_not_batches():
     assert not tables & set(slice_gradients), slice_gradients
 
 
+def test_the_table_side_first_layer_is_one_compiled_loop_each_way():
+    """Its gathers, sum and ReLU (and ReLU's gradient and the scatters) run in XLA-compiled
+    calls, not as TensorFlow ops each writing a batch x first-width tensor."""
+    params = _params(num_users=5, num_items=7)  # 12 table rows < 2 x batch of 40
+    model = neumf_model.build_model(params)
+    rng = np.random.default_rng(0)
+    features = _features(rng.integers(0, 5, 40), rng.integers(0, 7, 40))
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(features))
+        return tape.gradient(loss, model.trainable_variables)
+
+    operations = gradients.get_concrete_function().graph.get_operations()
+    batch_wide = (40, model.mlp[0].units)
+    written = [op for op in operations if any(out.shape == batch_wide for out in op.outputs)]
+    compiled = [op for op in written if op.type.endswith("PartitionedCall")]
+    assert all(op.get_attr("_XlaMustCompile") for op in compiled) and compiled
+    # Besides: the next layer's input gradient, and a custom gradient's pass-through.
+    others = {op.type for op in written} - {compiled[0].type}
+    assert others == {"MatMul", "Identity", "IdentityN"}, others
+
+
 def test_a_checkpoint_of_the_model_alone_holds_every_weight(tmp_path):
     """`tf.train.Checkpoint(model=...)` without the optimizer restores the MLP too
     (Keras' list of layers is invisible to TensorFlow's object graph)."""
