@@ -173,6 +173,18 @@ def test_tf_data_and_plain_iterables_are_accepted():
     assert model.online_train(iter(data), dataset_sink_mode=False)["steps"] == 8
 
 
+def test_a_tf_data_dataset_is_read_without_autotuning():
+    # Its model thread would hold the iterator's deletion, at the end of each pass,
+    # until its next optimisation (runner.without_autotuning).
+    data = [b.data for b in _batches(2)]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (np.stack([x for x, _ in data]), np.stack([y for _, y in data]))
+    )
+    model = RecModel(_network(), _loss(), keras.optimizers.Adam(0.01))
+    model.online_train(dataset)
+    assert model._dataset.options().autotune.enabled is False
+
+
 def test_a_partial_batch_ends_a_sink_and_trains_on_its_own():
     batches = [b.data for b in _batches(3)]
     x, y = batches[1]

@@ -55,7 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from official.utils.misc import precision, signals
-from official.utils.misc.runner import sum_over_steps
+from official.utils.misc.runner import sum_over_steps, without_autotuning
 from recommendation import neumf_model
 
 AMP_LEVELS = ("O0", "O2", "O3", "auto")
@@ -502,8 +502,9 @@ class RecModel:
         or SIGINT/SIGTERM arrives (module docstring).
 
         Args:
-            train_dataset: A ``tf.data.Dataset``, a Python iterable or a stream of
-                `StreamBatch` (optionally None while quiet).
+            train_dataset: A ``tf.data.Dataset`` (read without tf.data's autotuning:
+                give its parallelism), a Python iterable or a stream of `StreamBatch`
+                (optionally None while quiet).
             callbacks: Keras-style callbacks (see `callbacks.py` for ready-made ones).
             dataset_sink_mode: Run `sink_size` steps per graph call and call step-end
                 callbacks once per sink.
@@ -538,6 +539,8 @@ class RecModel:
         return summary
 
     def _train_loop(self, dataset, callbacks, steps_per_call: int, epoch_index=None) -> dict:
+        if isinstance(dataset, tf.data.Dataset):
+            dataset = without_autotuning(dataset)  # or each pass's end waits (its docstring)
         self._dataset = dataset
         callback_list = _Callbacks(callbacks, self)
         self.stop_training = self.network.stop_training = False
