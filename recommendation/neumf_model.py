@@ -14,6 +14,8 @@ This module holds numerics only: no flags, no files, no logging.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -445,8 +447,21 @@ def _scatter_rows(ids: tf.Tensor, values: tf.Tensor, rows: int | tf.Tensor) -> t
     return tf.tensor_scatter_nd_add(zeros, ids[:, None], values)
 
 
+def compiled_in_graphs(function: Callable) -> Callable:
+    """`function` XLA-compiled where a step is traced, run op by op where the step runs
+    eagerly (``--run_eagerly``: plain Python, no graphs, no XLA, for debugging)."""
+    compiled = tf.function(function, jit_compile=True)
+
+    @functools.wraps(function)
+    def call(*args):
+        return (function if tf.executing_eagerly() else compiled)(*args)
+
+    call.compiled = compiled
+    return call
+
+
 # Traced once per table (`rows`, a Python int) and batch shape.
-_compiled_scatter_rows = tf.function(_scatter_rows, jit_compile=True)
+_compiled_scatter_rows = compiled_in_graphs(_scatter_rows)
 
 
 @tf.custom_gradient
@@ -477,12 +492,12 @@ def first_layer_of_rows(user_terms, item_terms, users, items):
     return output, gradient
 
 
-@tf.function(jit_compile=True)
+@compiled_in_graphs
 def _compiled_first_layer(user_terms, item_terms, users, items):
     return tf.nn.relu(tf.gather(user_terms, users) + tf.gather(item_terms, items))
 
 
-@tf.function(jit_compile=True)
+@compiled_in_graphs
 def _compiled_first_layer_gradient(upstream, output, users, items, rows):
     upstream = tf.where(output > 0, upstream, tf.zeros_like(upstream))  # ReluGrad's
     return _scatter_rows(users, upstream, rows[0]), _scatter_rows(items, upstream, rows[1])

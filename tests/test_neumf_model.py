@@ -458,24 +458,45 @@ def test_a_checkpoint_of_the_model_alone_holds_every_weight(tmp_path):
         np.testing.assert_array_equal(restored, saved, err_msg=saved.path)
 
 
-def test_dense_row_gradients_are_tensorflows_own_bit_for_bit():
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "in_a_graph_by_xla"])
+def test_dense_row_gradients_are_tensorflows_own_bit_for_bit(traced):
     """The scatter that densifies gather gradients (dense Adam's tables, the projected
-    first-layer terms) gives TensorFlow's UnsortedSegmentSum bits, repeated ids included."""
+    first-layer terms) gives TensorFlow's UnsortedSegmentSum bits, repeated ids included,
+    run op by op (eagerly) or compiled (in a traced step)."""
     rng = np.random.default_rng(0)
     table = tf.constant(rng.normal(size=(7, 5)), tf.float32)
     ids = tf.constant(rng.integers(0, 7, 300), tf.int32)  # each row about 43 times
     upstream = tf.constant(rng.normal(size=(300, 5)), tf.float32)
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(table)
-        ours, theirs = neumf_model.take_rows(table, ids), tf.gather(table, ids)
+
+    def rows_and_gradients(table, ids, upstream):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(table)
+            ours, theirs = neumf_model.take_rows(table, ids), tf.gather(table, ids)
+        sparse = tape.gradient(theirs, table, output_gradients=upstream)
+        assert isinstance(sparse, tf.IndexedSlices)
+        dense = tape.gradient(ours, table, output_gradients=upstream)
+        assert not isinstance(dense, tf.IndexedSlices)
+        expected = tf.convert_to_tensor(sparse)
+        return ours, theirs, expected, neumf_model.dense_gradient(sparse), dense
+
+    run = tf.function(rows_and_gradients) if traced else rows_and_gradients
+    ours, theirs, expected, densified, dense = run(table, ids, upstream)
     np.testing.assert_array_equal(ours, theirs)
-    sparse = tape.gradient(theirs, table, output_gradients=upstream)
-    assert isinstance(sparse, tf.IndexedSlices)
-    expected = tf.convert_to_tensor(sparse).numpy()
-    np.testing.assert_array_equal(neumf_model.dense_gradient(sparse), expected)
-    dense = tape.gradient(ours, table, output_gradients=upstream)
-    assert not isinstance(dense, tf.IndexedSlices)
+    np.testing.assert_array_equal(densified, expected)
     np.testing.assert_array_equal(dense, expected)
+
+
+def test_steps_run_eagerly_compile_nothing():
+    """``--run_eagerly`` runs the step op by op: the compiled scatter is not traced."""
+    scatter = neumf_model._compiled_scatter_rows
+    compiled = getattr(scatter, "compiled", scatter)  # the XLA-compiled tf.function
+    traces = compiled.experimental_get_tracing_count()
+    table = tf.zeros((11, 3))
+    with tf.GradientTape() as tape:
+        tape.watch(table)
+        rows = neumf_model.take_rows(table, tf.constant([1, 1, 4]))
+    tape.gradient(rows, table, output_gradients=tf.ones((3, 3)))
+    assert compiled.experimental_get_tracing_count() == traces
 
 
 def test_dense_row_gradients_of_known_tables_are_compiled_by_xla():
