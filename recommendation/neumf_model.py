@@ -447,21 +447,30 @@ def _scatter_rows(ids: tf.Tensor, values: tf.Tensor, rows: int | tf.Tensor) -> t
     return tf.tensor_scatter_nd_add(zeros, ids[:, None], values)
 
 
-def compiled_in_graphs(function: Callable) -> Callable:
-    """`function` XLA-compiled where a step is traced, run op by op where the step runs
-    eagerly (``--run_eagerly``: plain Python, no graphs, no XLA, for debugging)."""
+# Below this many elements in its largest input a loop runs as TensorFlow ops: XLA's
+# compilation (40-80 ms per shape here) costs more than a small step saves.
+COMPILE_MIN_ELEMENTS = 2**18
+
+
+def compiled_for_large_steps(function: Callable) -> Callable:
+    """`function` XLA-compiled where a step is traced and its largest input has at least
+    `COMPILE_MIN_ELEMENTS` (an unknown shape counts as large); run op by op otherwise,
+    and where the step runs eagerly (``--run_eagerly``: no graphs, no XLA). Both give
+    the same bits."""
     compiled = tf.function(function, jit_compile=True)
 
     @functools.wraps(function)
     def call(*args):
-        return (function if tf.executing_eagerly() else compiled)(*args)
+        sizes = [arg.shape.num_elements() for arg in args if isinstance(arg, tf.Tensor)]
+        large = None in sizes or max(sizes) >= COMPILE_MIN_ELEMENTS
+        return (compiled if large and not tf.executing_eagerly() else function)(*args)
 
     call.compiled = compiled
     return call
 
 
 # Traced once per table (`rows`, a Python int) and batch shape.
-_compiled_scatter_rows = compiled_in_graphs(_scatter_rows)
+_compiled_scatter_rows = compiled_for_large_steps(_scatter_rows)
 
 
 @tf.custom_gradient
@@ -492,12 +501,12 @@ def first_layer_of_rows(user_terms, item_terms, users, items):
     return output, gradient
 
 
-@compiled_in_graphs
+@compiled_for_large_steps
 def _compiled_first_layer(user_terms, item_terms, users, items):
     return tf.nn.relu(tf.gather(user_terms, users) + tf.gather(item_terms, items))
 
 
-@compiled_in_graphs
+@compiled_for_large_steps
 def _compiled_first_layer_gradient(upstream, output, users, items, rows):
     upstream = tf.where(output > 0, upstream, tf.zeros_like(upstream))  # ReluGrad's
     return _scatter_rows(users, upstream, rows[0]), _scatter_rows(items, upstream, rows[1])

@@ -421,9 +421,10 @@ def test_the_table_side_step_sums_and_cuts_tables_not_batches():
     assert not tables & set(slice_gradients), slice_gradients
 
 
-def test_the_table_side_first_layer_is_one_compiled_loop_each_way():
+def test_the_table_side_first_layer_is_one_compiled_loop_each_way(monkeypatch):
     """Its gathers, sum and ReLU (and ReLU's gradient and the scatters) run in XLA-compiled
     calls, not as TensorFlow ops each writing a batch x first-width tensor."""
+    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
     params = _params(num_users=5, num_items=7)  # 12 table rows < 2 x batch of 40
     model = neumf_model.build_model(params)
     rng = np.random.default_rng(0)
@@ -459,10 +460,11 @@ def test_a_checkpoint_of_the_model_alone_holds_every_weight(tmp_path):
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "in_a_graph_by_xla"])
-def test_dense_row_gradients_are_tensorflows_own_bit_for_bit(traced):
+def test_dense_row_gradients_are_tensorflows_own_bit_for_bit(traced, monkeypatch):
     """The scatter that densifies gather gradients (dense Adam's tables, the projected
     first-layer terms) gives TensorFlow's UnsortedSegmentSum bits, repeated ids included,
     run op by op (eagerly) or compiled (in a traced step)."""
+    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
     rng = np.random.default_rng(0)
     table = tf.constant(rng.normal(size=(7, 5)), tf.float32)
     ids = tf.constant(rng.integers(0, 7, 300), tf.int32)  # each row about 43 times
@@ -486,8 +488,27 @@ def test_dense_row_gradients_are_tensorflows_own_bit_for_bit(traced):
     np.testing.assert_array_equal(dense, expected)
 
 
-def test_steps_run_eagerly_compile_nothing():
+def test_small_steps_compile_nothing():
+    """Below `COMPILE_MIN_ELEMENTS` the loops run as TensorFlow ops: a compilation per
+    shape (40-80 ms) would cost more than such a step saves (and slowed the suite)."""
+
+    @tf.function
+    def gradient(table, ids):
+        with tf.GradientTape() as tape:
+            tape.watch(table)
+            rows = neumf_model.take_rows(table, ids)
+        return tape.gradient(rows, table, output_gradients=tf.ones_like(rows))
+
+    graph = gradient.get_concrete_function(
+        tf.TensorSpec((7, 5)), tf.TensorSpec((300,), tf.int32)
+    ).graph
+    calls = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
+    assert not [op for op in calls if op.get_attr("_XlaMustCompile")]
+
+
+def test_steps_run_eagerly_compile_nothing(monkeypatch):
     """``--run_eagerly`` runs the step op by op: the compiled scatter is not traced."""
+    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # however large
     scatter = neumf_model._compiled_scatter_rows
     compiled = getattr(scatter, "compiled", scatter)  # the XLA-compiled tf.function
     traces = compiled.experimental_get_tracing_count()
@@ -499,11 +520,12 @@ def test_steps_run_eagerly_compile_nothing():
     assert compiled.experimental_get_tracing_count() == traces
 
 
-def test_dense_row_gradients_of_known_tables_are_compiled_by_xla():
+def test_dense_row_gradients_of_known_tables_are_compiled_by_xla(monkeypatch):
     """A table whose row count the step knows gets its gather gradient from one
     XLA-compiled scatter (4x TensorFlow's kernel at the MLPerf size), not from a
     TensorFlow scatter run op by op; a count known only when it runs (LazyAdam's unique
     rows) keeps TensorFlow's kernel rather than a compilation per count."""
+    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
 
     @tf.function
     def gradients(table, ids, upstream):
