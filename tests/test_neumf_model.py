@@ -391,11 +391,9 @@ def test_table_side_first_layer_is_the_same_function():
     assert model._project_tables_first(40) and not model._project_tables_first(5)
 
 
-def test_the_table_side_step_sums_and_cuts_tables_not_batches():
-    """With the first layer on the tables, its bias gradient is a sum over the user
-    table's rows (the bias joins the user term), not over the batch, and each table is
-    split once into its GMF and MLP columns (gradient: one concatenation), not sliced
-    twice (two zero-filled table-sized gradients and their sum)."""
+def _table_side_gradient_graph():
+    """(model, the traced graph of its gradients) on a batch of 40 over 12 table rows,
+    so that the first layer is applied to the tables."""
     params = _params(num_users=5, num_items=7)  # 12 table rows < 2 x batch of 40
     model = neumf_model.build_model(params)
     rng = np.random.default_rng(0)
@@ -407,7 +405,15 @@ def test_the_table_side_step_sums_and_cuts_tables_not_batches():
             loss = tf.reduce_sum(model(features))
         return tape.gradient(loss, model.trainable_variables)
 
-    graph = gradients.get_concrete_function().graph
+    return model, gradients.get_concrete_function().graph
+
+
+def test_the_table_side_step_sums_and_cuts_tables_not_batches():
+    """With the first layer on the tables, its bias gradient is a sum over the user
+    table's rows (the bias joins the user term), not over the batch, and each table is
+    split once into its GMF and MLP columns (gradient: one concatenation), not sliced
+    twice (two zero-filled table-sized gradients and their sum)."""
+    model, graph = _table_side_gradient_graph()
     first_width = model.mlp[0].units
     summed = [tuple(op.inputs[0].shape) for op in graph.get_operations() if op.type == "Sum"]
     assert (5, first_width) in summed and (40, first_width) not in summed, summed
@@ -425,18 +431,8 @@ def test_the_table_side_first_layer_is_one_compiled_loop_each_way(monkeypatch):
     """Its gathers, sum and ReLU (and ReLU's gradient and the scatters) run in XLA-compiled
     calls, not as TensorFlow ops each writing a batch x first-width tensor."""
     monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
-    params = _params(num_users=5, num_items=7)  # 12 table rows < 2 x batch of 40
-    model = neumf_model.build_model(params)
-    rng = np.random.default_rng(0)
-    features = _features(rng.integers(0, 5, 40), rng.integers(0, 7, 40))
-
-    @tf.function
-    def gradients():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(model(features))
-        return tape.gradient(loss, model.trainable_variables)
-
-    operations = gradients.get_concrete_function().graph.get_operations()
+    model, graph = _table_side_gradient_graph()
+    operations = graph.get_operations()
     batch_wide = (40, model.mlp[0].units)
     written = [op for op in operations if any(out.shape == batch_wide for out in op.outputs)]
     compiled = [op for op in written if op.type.endswith("PartitionedCall")]
