@@ -145,9 +145,15 @@ _ACCELERATOR_PATH = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
     sys.path.insert(0, sys.argv[1])
-    from conftest import TINY_PARAMS, tiny_train_input_fn
+    from conftest import TINY_PARAMS
     from official.utils.misc.runner import Runner
-    from recommendation import neumf_model
+    from recommendation import data_pipeline, neumf_model
+
+    def input_fn():  # 128 points: the 90 table rows are fewer than 2 x 64 per replica
+        return data_pipeline.synthetic_train_input_fn(128, 50, 40, seed=3)
+
+    if sys.argv[3] == "compiled":  # the XLA-compiled loops that large steps take
+        neumf_model.COMPILE_MIN_ELEMENTS = 0
 
     def trained(strategy, **options):
         keras.utils.set_random_seed(0)
@@ -155,7 +161,7 @@ _ACCELERATOR_PATH = textwrap.dedent("""
             runner = Runner(neumf_model.model_fn, neumf_model.build_state, TINY_PARAMS,
                             sys.argv[2] + "/" + str(len(results)), strategy, steps_per_call=4,
                             **options)
-        metrics = runner.train(tiny_train_input_fn, 8)
+        metrics = runner.train(input_fn, 8)
         return runner, metrics
 
     results = {}
@@ -164,7 +170,7 @@ _ACCELERATOR_PATH = textwrap.dedent("""
     for name, strategy, options in (("plain", one, {}), ("to_device", one,
             {"accelerator_input": True}), ("two_replicas", two, {"accelerator_input": True})):
         runner, metrics = trained(strategy, **options)
-        fed = runner.distribute(tiny_train_input_fn)
+        fed = runner.distribute(input_fn)
         kind = "distributed" if isinstance(fed, tf.distribute.DistributedDataset) else "plain"
         weights = [w.numpy().ravel().tolist() for w in runner.state.model.weights]
         results[name] = {"loss": metrics["loss"], "points": metrics["num_points"],
@@ -173,11 +179,14 @@ _ACCELERATOR_PATH = textwrap.dedent("""
 """)
 
 
-def test_the_accelerator_input_path_trains_what_the_plain_path_trains(tmp_path):
+@pytest.mark.parametrize("loops", ["op_by_op", "compiled"])
+def test_the_accelerator_input_path_trains_what_the_plain_path_trains(tmp_path, loops):
     # The path accelerators take (distribute_datasets_from_function, fetched to the
-    # device), forced on for CPU replicas: one replica, and two on two logical CPUs.
+    # device), forced on for CPU replicas: one replica, and two on two logical CPUs;
+    # with the tiny model's loops run op by op, and compiled as large steps run them.
+    tests = os.path.join(ROOT, "tests")
     result = subprocess.run(
-        [sys.executable, "-c", _ACCELERATOR_PATH, os.path.join(ROOT, "tests"), str(tmp_path)],
+        [sys.executable, "-c", _ACCELERATOR_PATH, tests, str(tmp_path), loops],
         capture_output=True,
         text=True,
         cwd=ROOT,
