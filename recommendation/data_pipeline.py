@@ -28,6 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 from official.utils.misc import atomic, errors, signals
+from official.utils.misc.runner import without_autotuning
 from recommendation import constants, data_async_generation, run_folder
 from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams
 
@@ -284,11 +285,12 @@ def _read_records(folder: str, num_shards: int) -> tf.data.Dataset:
 
 
 def _parsed_batches(records: tf.data.Dataset, parse: Callable) -> tf.data.Dataset:
-    """`records` parsed in parallel and prefetched, with fixed parallelism: the runner
-    turns tf.data's autotuning off (`runner.without_autotuning`). Parsing is a few
-    copies per batch; fixed parallelism keeps up."""
+    """`records` parsed in parallel and prefetched, with fixed parallelism and without
+    tf.data's autotuning (`runner.without_autotuning` says why), wherever the dataset is
+    iterated: the runner, or a script reading a cycle directly. Parsing is a few copies
+    per batch; fixed parallelism keeps up."""
     batches = records.map(parse, num_parallel_calls=os.cpu_count() or 1, deterministic=True)
-    return batches.prefetch(PREFETCH_BATCHES)
+    return without_autotuning(batches.prefetch(PREFETCH_BATCHES))
 
 
 def train_input_fn(info: CycleInfo) -> tf.data.Dataset:

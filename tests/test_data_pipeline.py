@@ -284,6 +284,15 @@ def test_two_runs_on_one_folder_use_separate_run_dirs(cache_path, tmp_path):
         assert first.cycle(0).folder != second.cycle(0).folder
 
 
+def test_file_pipelines_run_without_autotuning(tmp_path):
+    # An autotuned iterator's model thread held each cycle's iterator deletion for up
+    # to a minute; a fixed-parallelism pipeline has no such thread.
+    info = run_folder.CycleInfo(0, str(tmp_path), 1, 1, 8, 2)
+    assert data_pipeline.train_input_fn(info).options().autotune.enabled is False
+    eval_info = run_folder.EvalInfo(str(tmp_path), 1, 1, 3, 2, 2)
+    assert data_pipeline.eval_input_fn(eval_info).options().autotune.enabled is False
+
+
 def test_synthetic_batches_need_no_files():
     dataset = data_pipeline.synthetic_train_input_fn(batch_size=64, num_users=10, num_items=20)
     features, labels = next(iter(dataset))
