@@ -430,10 +430,10 @@ class NeuMF(keras.Model):
 def dense_gradient(gradient: tf.IndexedSlices) -> tf.Tensor:
     """The dense tensor of a row gather's gradient, bit for bit TensorFlow's own
     conversion (UnsortedSegmentSum, 3.5x slower than a scatter here). The scatter is
-    compiled by XLA where the table's row count is known when the step is traced:
-    TensorFlow's kernel pays about 0.2 us a row, XLA's loop put 65,536 rows of 256 into
-    6,040 in 3 ms against 13. Not for LazyAdam's unique rows, whose count changes each
-    step (a compilation each)."""
+    compiled by XLA where the table's row count is known when the step is traced and
+    the step is large (`compiled_for_large_steps`): TensorFlow's kernel pays about 0.2 us
+    a row, XLA's loop put 65,536 rows of 256 into 6,040 in 3 ms against 13. Not for
+    LazyAdam's unique rows, whose count changes each step (a compilation each)."""
     rows = tf.get_static_value(gradient.dense_shape)
     if rows is None:
         rows = tf.cast(gradient.dense_shape[0], tf.int32)
@@ -489,9 +489,10 @@ def take_rows(table: tf.Tensor, ids: tf.Tensor):
 @tf.custom_gradient
 def first_layer_of_rows(user_terms, item_terms, users, items):
     """``relu(user_terms[users] + item_terms[items])``: the first MLP layer's output
-    from the tables' first-layer terms, each way one XLA-compiled loop over the batch
-    (gathers, sum and ReLU; ReLU's gradient and the two scatters of `dense_gradient`)
-    instead of five TensorFlow ops, each a pass over a batch x width tensor."""
+    from the tables' first-layer terms, each way one loop over the batch (gathers, sum
+    and ReLU; ReLU's gradient and the two scatters of `dense_gradient`), XLA-compiled for
+    large steps (`compiled_for_large_steps`) instead of five TensorFlow ops, each a pass
+    over a batch x width tensor."""
     output = _compiled_first_layer(user_terms, item_terms, users, items)
 
     def gradient(upstream):

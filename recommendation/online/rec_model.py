@@ -540,7 +540,8 @@ class RecModel:
 
     def _train_loop(self, dataset, callbacks, steps_per_call: int, epoch_index=None) -> dict:
         if isinstance(dataset, tf.data.Dataset):
-            dataset = without_autotuning(dataset)  # or each pass's end waits (its docstring)
+            # Else deleting each pass's iterator waits for the autotuning thread.
+            dataset = without_autotuning(dataset)
         self._dataset = dataset
         callback_list = _Callbacks(callbacks, self)
         self.stop_training = self.network.stop_training = False
