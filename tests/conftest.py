@@ -163,6 +163,21 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def start(self) -> None:
+        """Starts the server; a restart keeps the port (clients hold the URL). On the
+        first start a port taken meanwhile (the suite's workers draw ports side by
+        side) is given up for a fresh one."""
+        first_start = self.process is None
+        for _ in range(5):
+            if self._started():
+                return
+            if not first_start:
+                break
+            self.port = _free_port()
+        raise RuntimeError(f"redis-server did not start on port {self.port} (in {self.directory})")
+
+    def _started(self) -> bool:
+        """Whether a server started on `self.port` answers (False: it exited, as it
+        does when the port is taken)."""
         binary = redis_server_binary()
         os.makedirs(self.directory, exist_ok=True)
         self.process = subprocess.Popen(
@@ -184,15 +199,19 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        # Whoever holds the port answers a ping: only our process's id says it is ours.
+        probe = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
         deadline = time.monotonic() + 20
-        while True:
+        while self.process.poll() is None:
             try:
-                self.client().ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise
-                time.sleep(0.05)
+                if probe.info("server")["process_id"] == self.process.pid:
+                    return True
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not answer in 20 s")
+            time.sleep(0.05)
+        return False
 
     def kill(self) -> None:
         """Stops the server abruptly (SIGKILL), as a crash would."""

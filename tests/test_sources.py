@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import numpy as np
 import pytest
 import redis
 from absl.testing import parameterized
+from conftest import RedisServer
 
 from recommendation.online import sources
 from recommendation.online.sources import DeadLetterFile
@@ -534,3 +536,21 @@ def test_entries_delivered_in_a_reply_lost_to_a_dropped_connection_are_read_agai
     redis_server.start()
     events, _ = _read_all(source)
     assert [user for user, _ in events] == [2, 3, 4]  # nothing lost, nothing twice
+
+
+def test_the_test_redis_server_moves_off_a_port_taken_before_its_first_start(tmp_path):
+    """The suite's workers draw free ports side by side: one taken between the draw and
+    the first start must not fail the test using the server; a restart keeps its port."""
+    server = RedisServer(str(tmp_path / "redis"))
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", server.port))
+        squatter.listen()
+        taken = server.port
+        server.start()
+        try:
+            assert server.port != taken and server.client().ping()
+            server.kill()
+            server.start()  # clients hold the URL: the same port again
+            assert server.client().ping()
+        finally:
+            server.kill()
