@@ -159,27 +159,27 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port)
+    def client(self, socket_timeout: float | None = None) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=socket_timeout)
 
     def start(self) -> None:
         """Starts the server; a restart keeps the port (clients hold the URL). On the
         first start a port taken meanwhile (the suite's workers draw ports side by
         side) is given up for a fresh one."""
         first_start = self.process is None
+        binary = redis_server_binary()
+        os.makedirs(self.directory, exist_ok=True)
         for _ in range(5):
-            if self._started():
+            if self._started(binary):
                 return
             if not first_start:
                 break
             self.port = _free_port()
         raise RuntimeError(f"redis-server did not start on port {self.port} (in {self.directory})")
 
-    def _started(self) -> bool:
+    def _started(self, binary: str) -> bool:
         """Whether a server started on `self.port` answers (False: it exited, as it
         does when the port is taken)."""
-        binary = redis_server_binary()
-        os.makedirs(self.directory, exist_ok=True)
         self.process = subprocess.Popen(
             [
                 binary,
@@ -200,7 +200,7 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
         # Whoever holds the port answers a ping: only our process's id says it is ours.
-        probe = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        probe = self.client(socket_timeout=1)
         deadline = time.monotonic() + 20
         while self.process.poll() is None:
             try:

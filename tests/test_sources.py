@@ -549,8 +549,9 @@ def test_the_test_redis_server_moves_off_a_port_taken_before_its_first_start(tmp
         server.start()
         try:
             assert server.port != taken and server.client().ping()
+            moved_to = server.port
             server.kill()
             server.start()  # clients hold the URL: the same port again
-            assert server.client().ping()
+            assert server.port == moved_to and server.client().ping()
         finally:
             server.kill()
