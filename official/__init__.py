@@ -5,10 +5,13 @@ lines: CPU feature notes, XLA service start-up, checkpoint timings and the like,
 which otherwise come before and between the lines of ours. Warnings and errors still
 show. ``TF_CPP_MIN_LOG_LEVEL=0`` brings the INFO lines back. What TensorFlow writes
 while its libraries load, before any setting is read, is explained in the README.
+
+It also turns on TensorFlow's oneDNN kernels on every x86-64 CPU (see below).
 """
 
 import logging
 import os
+import platform
 
 from absl import logging as absl_logging
 
@@ -27,3 +30,12 @@ if os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1") != "0":
     # Its Python side logs through its own logger and, in places, through absl's.
     for _logger in (logging.getLogger("tensorflow"), absl_logging.get_absl_logger()):
         _logger.addFilter(_DropTensorFlowInfo())
+
+# TensorFlow runs its oneDNN kernels by default only on x86 CPUs with AVX512-VNNI,
+# AVX512-BF16, AVX-VNNI or AMX (DefaultOneDnnPolicy, tensorflow/core/util/util.cc).
+# Elsewhere, on AVX2 CPUs such as AMD's Zen 3, its matmuls run on Eigen kernels built
+# without FMA, at under half oneDNN's rate, and the MLPerf-size training step 1.4-1.6x
+# slower (docs/benchmarks.md). TensorFlow reads this once, at its first kernel choice;
+# a value the user set wins (0 turns oneDNN off).
+if platform.machine().lower() in ("x86_64", "amd64"):
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

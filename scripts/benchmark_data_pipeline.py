@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--peer_log", help="log of the Model Garden NCF on ML-1M")
     args = parser.parse_args()
     worker_counts = args.workers or [run_folder.DEFAULT_NUM_WORKERS]
-    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
+    print(machine.cpu_line())
     rows = []
     for ratings in args.ratings:
         with tempfile.TemporaryDirectory() as work_dir:

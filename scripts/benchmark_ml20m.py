@@ -134,7 +134,7 @@ def main() -> None:
     if not os.path.exists(link):
         os.symlink(os.path.abspath(args.ratings), link)
 
-    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
+    print(machine.cpu_line())
     cold_s, cached_s = _preprocessing_seconds(data_dir, cache_dir)
     command = [
         sys.executable,

@@ -37,6 +37,9 @@ import tempfile
 import threading
 import time
 
+import official  # noqa: F401  (before TensorFlow: it sets TensorFlow's environment)
+
+# isort: split
 import numpy as np
 import redis
 import tensorflow as tf
@@ -429,7 +432,7 @@ def main(argv: list[str]) -> None:
     work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="ncf-online-bench-")
     os.makedirs(work_dir, exist_ok=True)
     print(f"start: load average {_load()}")
-    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
+    print(machine.cpu_line())
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
     server, redis_url = _start_redis(work_dir)
     throughput, full, full_hr, fresh = {}, None, None, None

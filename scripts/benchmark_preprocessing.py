@@ -420,7 +420,7 @@ def report(results: dict[str, MethodResult], ratings: str, dataset: str) -> None
     """Prints the table, speed ratios, agreement and targets."""
     ours = results["ours"]
     print(f"\nPreprocessing benchmark: {ratings}")
-    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
+    print(machine.cpu_line())
     print(f"dataset {dataset}, {ours.summary['num_rows']:,} rows, min {MIN_NUM_RATINGS} ratings")
     print()
     print(format_table(list(results.values())))

@@ -28,11 +28,15 @@ import sys
 import tempfile
 import time
 
+import official  # noqa: F401  (before TensorFlow: it sets TensorFlow's environment)
+
+# isort: split
 import numpy as np
 import onnxruntime
 import tensorflow as tf
 from benchmark_training import ml1m_data_dir
 
+from official.utils.misc import machine
 from recommendation import export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,9 +147,10 @@ def compare(methods, users: np.ndarray, rounds: int, per_round: int):
 
 
 def print_table(rows, k: int, users: int, items: int, rounds: int, per_round: int) -> None:
+    print("\n" + machine.cpu_line())
     print(
-        f"\ntop-{k} lists, training items excluded ({users:,} users x {items:,} items, "
-        f"{os.cpu_count()} CPU cores); {rounds} interleaved rounds of {per_round} users"
+        f"top-{k} lists, training items excluded ({users:,} users x {items:,} items); "
+        f"{rounds} interleaved rounds of {per_round} users"
     )
     header = (
         f"{'method':<50} | {'lists/s':>7} | {'min-max':>11} | {'x baseline':>10} | same top-{k}"

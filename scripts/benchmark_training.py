@@ -322,7 +322,7 @@ def throughput(args, work: str) -> None:
     layers, batch = [256, 256, 128, 64], 65536
     reference = model_flops_per_example(64, layers)
     executed = executed_flops_per_example(64, layers, batch, ML1M_USERS + ML1M_ITEMS)
-    print(f"\ncpu: {cpu}; {os.cpu_count()} cores")
+    print("\n" + machine.cpu_line())
     print(
         f"throughput, MLPerf model size, batch {batch:,}, synthetic batches; reference "
         f"{reference:,} FLOP/example (the reference's graph), ours executes "
@@ -404,8 +404,9 @@ def time_to_target(args, work: str) -> None:
         f"{work}/ttt.log",
     )
     summary = _last_summary(f"{work}/ttt/benchmark.jsonl")
+    print("\n" + machine.cpu_line())
     print(
-        f"\ntime to HR@10 >= {args.target} on ML-1M from a cold start (preprocessing "
+        f"time to HR@10 >= {args.target} on ML-1M from a cold start (preprocessing "
         "included; 999 evaluation negatives)"
     )
     print(f"{'system':<40} {'wall s':>8} {'epochs':>7} {'best HR@10':>11}")

@@ -158,7 +158,7 @@ def main() -> None:
         seconds = op_seconds(path, hlo_sources(hlo_dir))
     split = categorise(seconds)
     total = sum(seconds.values())
-    print(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores")
+    print(machine.cpu_line())
     print("flags:", " ".join(flag_line[3:]))
     print(
         f"training: {summary['train_points']:,.0f} examples in {summary['train_seconds']:.1f} s "

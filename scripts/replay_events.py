@@ -19,6 +19,9 @@ import sys
 import time
 from collections.abc import Callable
 
+import official  # noqa: F401  (before TensorFlow: it sets TensorFlow's environment)
+
+# isort: split
 import numpy as np
 import redis
 import tensorflow as tf

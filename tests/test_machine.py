@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
+
+import pytest
 
 from official.utils.misc import machine
 
@@ -37,3 +40,53 @@ def test_the_peak_rss_of_a_live_process_and_of_a_gone_one():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert machine.peak_rss_bytes(child.pid) is None
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _imports_tensorflow(path: str) -> bool:
+    with open(path) as source:
+        return any(line.startswith(("import tensorflow", "import keras")) for line in source)
+
+
+# The scripts that import TensorFlow themselves: the ones whose import order matters
+# (the others load it through `official` or `recommendation`).
+_SCRIPTS = sorted(
+    name[: -len(".py")]
+    for name in os.listdir(os.path.join(_ROOT, "scripts"))
+    if name.endswith(".py") and _imports_tensorflow(os.path.join(_ROOT, "scripts", name))
+)
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _without_onednn_setting() -> dict:
+    return {name: value for name, value in os.environ.items() if name != "TF_ENABLE_ONEDNN_OPTS"}
+
+
+@pytest.mark.skipif(not _X86, reason="oneDNN is turned on for x86-64 CPUs only")
+@pytest.mark.parametrize("module", ["recommendation", "official", *_SCRIPTS])
+def test_every_entry_point_loads_tensorflow_with_onednn_on(module):
+    # TensorFlow decides when it loads; on a CPU without AVX512-VNNI, AVX512-BF16,
+    # AVX-VNNI or AMX its own default is off. A script importing TensorFlow before
+    # `official` would run its matmuls on the slower Eigen kernels.
+    code = (
+        f"import sys; sys.path.insert(0, 'scripts'); import {module}; "
+        "from official.utils.misc import machine; print(machine.tensorflow_runs_onednn())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=_ROOT,
+        env=_without_onednn_setting(),
+        check=True,
+    )
+    assert result.stdout.split()[-1] == "True", result.stderr[-2000:]
+
+
+def test_the_cpu_line_says_whether_onednn_runs_and_a_users_setting_wins(monkeypatch):
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    line = machine.cpu_line()
+    assert line.startswith(f"cpu: {machine.describe_cpu()}; {os.cpu_count()} cores; ")
+    assert line.endswith("TensorFlow's oneDNN kernels off (TF_ENABLE_ONEDNN_OPTS=0)")

@@ -2,13 +2,17 @@
 
 The machines benchmarks run on change between sessions (AMD without AVX-512 one
 time, Intel with AMX another), so every benchmark table names the CPU behind it:
-its model name and the vector ISA extensions it has.
+its model name and the vector ISA extensions it has, and whether TensorFlow's processes
+run its oneDNN kernels there (`official` turns them on; a user's setting wins).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
+import subprocess
+import sys
 
 # The ISA flags that change how fast TensorFlow's and NumPy's kernels run.
 _VECTOR_FLAGS = {"sse4_2", "avx", "avx2", "fma", "avx_vnni"}
@@ -43,6 +47,37 @@ def describe_cpu(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
     ]
     return CpuInfo(
         model=fields.get("model name", platform.machine()), isa=" ".join(flags) or "none"
+    )
+
+
+def tensorflow_runs_onednn() -> bool:
+    """Whether this process's TensorFlow runs oneDNN's kernels, as it decided when it
+    loaded. No public API says: this reads TensorFlow 2.21's private
+    `_pywrap_util_port.IsMklEnabled` (tests/test_machine.py fails if it moves)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def onednn_enabled() -> bool:
+    """Whether a TensorFlow process started from here runs oneDNN's kernels: asked of
+    a child process (importing `official` first, as every entry point does)."""
+    query = "from official.utils.misc import machine; print(machine.tensorflow_runs_onednn())"
+    result = subprocess.run(
+        [sys.executable, "-c", query], capture_output=True, text=True, check=True
+    )
+    return result.stdout.split()[-1] == "True"
+
+
+def cpu_line() -> str:
+    """The line every benchmark table starts with: the CPU, its cores, and TensorFlow's
+    kernel library on it (oneDNN's matmuls run at twice the rate of the Eigen ones
+    TensorFlow falls back to on an AVX2 CPU)."""
+    kernels = "on" if onednn_enabled() else "off"
+    variable = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset")
+    return (
+        f"cpu: {describe_cpu()}; {os.cpu_count()} cores; TensorFlow's oneDNN kernels "
+        f"{kernels} (TF_ENABLE_ONEDNN_OPTS={variable})"
     )
 
 
