@@ -218,7 +218,9 @@ def _peer(
 def peer_process() -> dict:
     """Where and how every peer command runs (subprocess keywords). Its package is also
     called `official`: away from this checkout, and without PYTHONPATH, which can name
-    one of ours (a run from a worktree) and so put our `official` before the peer's."""
+    one of ours (a run from a worktree) and so put our `official` before the peer's.
+    The rest of the environment is ours, TF_ENABLE_ONEDNN_OPTS included (set when this
+    script imported `official`): the peer's TensorFlow runs the same kernels as ours."""
     return {
         "cwd": tempfile.gettempdir(),
         "env": {name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
@@ -322,7 +324,7 @@ def throughput(args, work: str) -> None:
     layers, batch = [256, 256, 128, 64], 65536
     reference = model_flops_per_example(64, layers)
     executed = executed_flops_per_example(64, layers, batch, ML1M_USERS + ML1M_ITEMS)
-    print("\n" + machine.cpu_line())
+    print("\n" + machine.cpu_line() + ("; the peer's the same" if args.peer else ""))
     print(
         f"throughput, MLPerf model size, batch {batch:,}, synthetic batches; reference "
         f"{reference:,} FLOP/example (the reference's graph), ours executes "
@@ -404,7 +406,7 @@ def time_to_target(args, work: str) -> None:
         f"{work}/ttt.log",
     )
     summary = _last_summary(f"{work}/ttt/benchmark.jsonl")
-    print("\n" + machine.cpu_line())
+    print("\n" + machine.cpu_line() + ("; the peer's the same" if args.peer else ""))
     print(
         f"time to HR@10 >= {args.target} on ML-1M from a cold start (preprocessing "
         "included; 999 evaluation negatives)"
