@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 
-import official  # noqa: F401  (before TensorFlow: it sets TensorFlow's environment)
+from official.utils.misc import machine  # before TensorFlow: official sets its environment
 
 # isort: split
 import numpy as np
@@ -48,7 +48,6 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import replay_events  # noqa: E402  (a sibling script)
 
-from official.utils.misc import machine  # noqa: E402
 from recommendation import (  # noqa: E402
     data_async_generation,
     data_preprocessing,

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-import official  # noqa: F401  (before TensorFlow: it sets TensorFlow's environment)
+from official.utils.misc import machine  # before TensorFlow: official sets its environment
 
 # isort: split
 import numpy as np
@@ -36,7 +36,6 @@ import onnxruntime
 import tensorflow as tf
 from benchmark_training import ml1m_data_dir
 
-from official.utils.misc import machine
 from recommendation import export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
