@@ -6,7 +6,9 @@ Suites (each prints a table; both systems run on this machine, in this run):
   256-256-128-64, batch 65536) on synthetic batches over about as many steps as the
   peer's (first calls included on both sides), ours in fp32 and bf16 with and without
   XLA vs the peer; FLOP/s as the reference counts them and as our graph executes them,
-  against matmul ceilings measured in the run.
+  against matmul ceilings measured in the run; each graph's matrix products timed one
+  by one in the run, so that each row's step splits into products and the rest, and
+  the most that a step of nothing but our products could reach against the peer.
 - ``time_to_target``: wall time from a cold start (preprocessing included) to HR@10
   >= --target on ML-1M (999 evaluation negatives), ours vs the peer; also the time our
   trainer waited for data after the first cycle, as a share of its step time.
@@ -59,36 +61,55 @@ ML1M_USERS, ML1M_ITEMS = 6040, 3706  # the throughput suite's tables (its --rati
 THROUGHPUT_EPOCHS = 16
 
 
+def step_products(
+    factors: int, layers: list[int], batch_size: int, table_rows: tuple[int, ...] = ()
+) -> list[tuple[str, int, int, int, bool, bool]]:
+    """The matrix products of one training step, each ``(name, m, k, n, transpose a,
+    transpose b)`` for ``(m x k) @ (k x n)``: every layer's forward product and its two
+    backward ones (the input's and the kernel's gradient).
+
+    With `table_rows` (the tables' row counts) and fewer rows than 2 x the batch, NeuMF
+    applies the first MLP layer to each table's MLP half once per step
+    (`NeuMF._project_tables_first`), so that layer's three products run on each table
+    instead of on the batch. The element-wise GMF and the lookups are left out.
+    """
+    shapes = [(batch_size, a, b) for a, b in zip(layers[:-1], layers[1:], strict=True)]
+    if table_rows and sum(table_rows) < 2 * batch_size:
+        shapes[:1] = [(rows, layers[0] // 2, layers[1]) for rows in table_rows]
+    shapes.append((batch_size, factors + layers[-1], 1))  # the logit's layer
+    products = []
+    for rows, inputs, outputs in shapes:
+        size = f"{rows} x {inputs} -> {outputs}"
+        products += [
+            (f"{size} forward", rows, inputs, outputs, False, False),
+            (f"{size} input gradient", rows, outputs, inputs, False, True),
+            (f"{size} kernel gradient", inputs, rows, outputs, True, False),
+        ]
+    return products
+
+
+def product_flops(products: list[tuple]) -> int:
+    """FLOPs of `products` (`step_products` entries): 2 per multiply-add."""
+    return sum(2 * m * k * n for _, m, k, n, _, _ in products)
+
+
 def model_flops_per_example(factors: int, layers: list[int]) -> int:
     """Forward + backward FLOPs of one example, counted as the reference computes it
-    (its "reference FLOPs": a speed figure, the work the reference would do).
-
-    Multiply-adds of the MLP and the final layer, x2 for FLOPs, x3 for forward plus
-    the two backward products (the element-wise GMF and the lookups are ignored).
-    """
-    macs = sum(a * b for a, b in zip(layers[:-1], layers[1:], strict=True))
-    macs += factors + layers[-1]
-    return 2 * 3 * macs
+    (its "reference FLOPs": a speed figure, the work the reference would do): the
+    products of `step_products` for a batch of one and no projected tables."""
+    return product_flops(step_products(factors, layers, 1))
 
 
 def executed_flops_per_example(
     factors: int, layers: list[int], batch_size: int, table_rows: int
 ) -> float:
-    """What our graph computes per example (its "executed FLOPs"), counted as
-    `model_flops_per_example` counts.
-
-    When the tables (users + items rows) are fewer than 2 x the batch, NeuMF applies
-    the first MLP layer to the tables, once per step (`NeuMF._project_tables_first`):
-    its forward and both backward products then cost ``table_rows x layers[0] / 2 x
-    layers[1]`` multiply-adds each per step, shared by the batch's examples, instead
-    of ``layers[0] x layers[1]`` per example.
+    """What our graph computes per example (its "executed FLOPs"): `step_products`
+    with the tables' `table_rows` rows, per example of the batch. When the tables are
+    fewer than 2 x the batch the first MLP layer costs ``table_rows x layers[0] / 2 x
+    layers[1]`` multiply-adds per product and step instead of ``layers[0] x layers[1]``
+    per example (how the rows split between the two tables does not change the count).
     """
-    full = model_flops_per_example(factors, layers)
-    if table_rows >= 2 * batch_size:
-        return float(full)
-    first_layer = 2 * 3 * layers[0] * layers[1]
-    per_step = 2 * 3 * table_rows * (layers[0] // 2) * layers[1]
-    return full - first_layer + per_step / batch_size
+    return product_flops(step_products(factors, layers, batch_size, (table_rows,))) / batch_size
 
 
 # FLOP per cycle and core assumed for the widest vector unit the CPU reports, two fused
@@ -123,47 +144,46 @@ def cpu_peak_flops(isa: str, lscpu: str) -> dict[str, tuple[float, str]]:
 
 
 _MATMUL = """
-import sys, time
+import json, sys, time
 import tensorflow as tf
 dtype, xla = getattr(tf, sys.argv[1]), sys.argv[2] == "xla"
-m, k, n = (int(value) for value in sys.argv[3:6])
-transpose_a, transpose_b = (value == "1" for value in sys.argv[6:8])
-a = tf.cast(tf.random.normal([k, m] if transpose_a else [m, k]), dtype)
-b = tf.cast(tf.random.normal([n, k] if transpose_b else [k, n]), dtype)
-product = lambda a, b: tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
-step = tf.function(product, jit_compile=xla)  # the whole product out: nothing to elide
-step(a, b)[0, 0].numpy()
-best = float("inf")
-for _ in range(5):
-    start = time.perf_counter()
+for m, k, n, transpose_a, transpose_b in json.loads(sys.argv[3]):
+    a = tf.cast(tf.random.normal([k, m] if transpose_a else [m, k]), dtype)
+    b = tf.cast(tf.random.normal([n, k] if transpose_b else [k, n]), dtype)
+    product = lambda a, b: tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    step = tf.function(product, jit_compile=xla)  # the whole product out: nothing to elide
     step(a, b)[0, 0].numpy()
-    best = min(best, time.perf_counter() - start)
-print(2 * m * k * n / best)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        step(a, b)[0, 0].numpy()
+        best = min(best, time.perf_counter() - start)
+    print(2 * m * k * n / best, flush=True)
 """
-# (name, m, k, n, transpose a, transpose b) of a product (m x k) @ (k x n): a large
-# square one (the ceiling), and the training step's largest layer, 256 -> 128 on a batch
-# of 65,536 rows, forward and its two gradient products.
-MATMULS = (
-    ("4096^3", 4096, 4096, 4096, False, False),
-    ("layer forward", 65536, 256, 128, False, False),
-    ("input gradient", 65536, 128, 256, False, True),
-    ("kernel gradient", 256, 65536, 128, True, False),
-)
+# A large square product: the ceiling that the step's products are read against.
+CEILING = ("4096^3", 4096, 4096, 4096, False, False)
 
 
-def measured_matmul_flops(dtype: str, shape: tuple = MATMULS[0], xla: bool = False) -> float:
-    """FLOP/s of one product `shape` (a `MATMULS` entry) in TensorFlow on this CPU, best
-    of 5, in a child process: without XLA TensorFlow's own kernel (oneDNN), with it XLA's."""
-    _, m, k, n, transpose_a, transpose_b = shape
-    args = [dtype, "xla" if xla else "tf", m, k, n, int(transpose_a), int(transpose_b)]
+def measured_matmul_flops(dtype: str, products: list[tuple], xla: bool = False) -> list[float]:
+    """FLOP/s of each of `products` (`step_products` entries, or `CEILING`) in TensorFlow
+    on this CPU, best of 5 each, in one child process: without XLA TensorFlow's own
+    kernels (oneDNN), with it XLA's."""
+    shapes = [
+        [m, k, n, transpose_a, transpose_b] for _, m, k, n, transpose_a, transpose_b in products
+    ]
     result = subprocess.run(
-        [sys.executable, "-c", _MATMUL, *map(str, args)],
+        [sys.executable, "-c", _MATMUL, dtype, "xla" if xla else "tf", json.dumps(shapes)],
         capture_output=True,
         text=True,
         check=True,
         cwd=ROOT,
     )
-    return float(result.stdout.split()[-1])
+    return [float(line) for line in result.stdout.split()[-len(products) :]]
+
+
+def product_seconds(products: list[tuple], rate: dict[tuple, float]) -> float:
+    """Seconds that `products` take one after another at `rate` (FLOP/s by shape)."""
+    return sum(product_flops([product]) / rate[product[1:]] for product in products)
 
 
 def _ours(args: list[str], log_path: str, tree: str = ROOT) -> tuple[float, str]:
@@ -320,8 +340,13 @@ def throughput(args, work: str) -> None:
     cpu = machine.describe_cpu()
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     peaks = cpu_peak_flops(cpu.isa, lscpu)
-    ceiling = {dtype: measured_matmul_flops(dtype) for dtype in ("float32", "bfloat16")}
     layers, batch = [256, 256, 128, 64], 65536
+    products = {
+        "ours": step_products(64, layers, batch, (ML1M_USERS, ML1M_ITEMS)),
+        "peer": step_products(64, layers, batch),  # the reference's graph
+    }
+    rate = measured_product_rates([*products["ours"], *products["peer"]])
+    ceiling = {dtype: rate[dtype, False][CEILING[1:]] for dtype in DTYPES}
     reference = model_flops_per_example(64, layers)
     executed = executed_flops_per_example(64, layers, batch, ML1M_USERS + ML1M_ITEMS)
     print("\n" + machine.cpu_line() + ("; the peer's the same" if args.peer else ""))
@@ -331,34 +356,35 @@ def throughput(args, work: str) -> None:
         f"{executed:,.0f} (first MLP layer on the ML-1M tables, {ML1M_USERS + ML1M_ITEMS:,} "
         "rows, once per step)"
     )
-    for dtype, name in (("float32", "fp32"), ("bfloat16", "bf16")):
+    for dtype, name in DTYPES.items():
         print(
             f"  {name}: measured ceiling {ceiling[dtype] / 1e9:,.0f} GFLOP/s (4096^3 matmul, "
             f"TensorFlow, this run); theoretical {peaks[name][0] / 1e9:,.0f} GFLOP/s = "
             f"{peaks[name][1]}"
         )
-    print("matmuls of the step's largest layer, GFLOP/s (best of 5, this run):")
-    print(f"  {'product':<16} {'fp32 TF':>8} {'fp32 XLA':>9} {'bf16 TF':>8} {'bf16 XLA':>9}")
-    for shape in MATMULS[1:]:
-        rates = [
-            measured_matmul_flops(dtype, shape, xla) / 1e9
-            for dtype in ("float32", "bfloat16")
-            for xla in (False, True)
-        ]
-        print(f"  {shape[0]:<16} " + " ".join(f"{rate:>8.0f}" for rate in rates))
+    print_products(products, rate)
     print(
         f"{'system':<40} {'steps':>6} {'examples/s':>12} {'ref GFLOP/s':>11} "
-        f"{'exec GFLOP/s':>12} {'exec/ceiling':>12}"
+        f"{'exec GFLOP/s':>12} {'exec/ceiling':>12} {'step ms':>8} {'products':>8} {'other':>6}"
     )
-    for name, rate, steps in rows:
+    step_ms = {}
+    for name, examples_per_second, steps in rows:
         ours = name.startswith("ours")
-        done = rate * (executed if ours else reference)  # the peer runs the reference graph
-        of_ceiling = done / ceiling["bfloat16" if "bf16" in name else "float32"]
+        done = examples_per_second * (executed if ours else reference)
+        kernels = ("bfloat16" if "bf16" in name else "float32", "XLA" in name)
+        step_ms[name] = 1e3 * batch / examples_per_second
+        in_products = 1e3 * product_seconds(products["ours" if ours else "peer"], rate[kernels])
         print(
-            f"{name:<40} {steps:>6,} {rate:>12,.0f} {rate * reference / 1e9:>11.1f} "
-            f"{done / 1e9:>12.1f} {of_ceiling:>12.1%}"
+            f"{name:<40} {steps:>6,} {examples_per_second:>12,.0f} "
+            f"{examples_per_second * reference / 1e9:>11.1f} {done / 1e9:>12.1f} "
+            f"{done / ceiling[kernels[0]]:>12.1%} {step_ms[name]:>8.1f} {in_products:>8.1f} "
+            f"{step_ms[name] - in_products:>6.1f}"
         )
-    rates = {name: rate for name, rate, _ in rows}
+    print(
+        "  step ms: the row's mean step (first calls included); products: its graph's "
+        "products at the rates above, one after another; other: the rest"
+    )
+    rates = {name: examples_per_second for name, examples_per_second, _ in rows}
     fp32 = max(rate for name, rate in rates.items() if "fp32" in name)
     bf16 = max(rate for name, rate in rates.items() if "bf16" in name)
     units = [flag for flag, _ in _BF16_FLOP_PER_CYCLE if flag in cpu.isa.split()]
@@ -368,15 +394,66 @@ def throughput(args, work: str) -> None:
         "README advises fp32)"
     )
     if len(rows) == 5:
-        print(f"ours fp32 / peer: {fp32 / rows[-1][1]:.2f}x (target >= 3.0x, issue 18)")
+        peer = rows[-1][1]
+        print(f"ours fp32 / peer: {fp32 / peer:.2f}x (target >= 3.0x, issue 18)")
+        fp32_products = product_seconds(products["ours"], rate["float32", False])
+        needed_ms = 1e3 * batch / (3.0 * peer)
+        print(
+            f"  ours fp32 doing nothing but its products (TensorFlow's kernels, rates above): "
+            f"{batch / fp32_products:,.0f} examples/s, {batch / fp32_products / peer:.2f}x the "
+            f"peer; 3.0x is a {needed_ms:.1f} ms step, which leaves "
+            f"{needed_ms - 1e3 * fp32_products:.1f} ms for everything but the products "
+            f"(ours fp32 spends {step_ms['ours (fp32)'] - 1e3 * fp32_products:.1f})"
+        )
     if args.throughput_repeats > 1:
         print(f"each row is the best of {args.throughput_repeats} runs; every run, examples/s:")
-        for name, rates in each_run.items():
-            print(f"  {name:<38} " + " ".join(f"{rate:>9,.0f}" for rate in rates))
+        for name, runs in each_run.items():
+            print(f"  {name:<38} " + " ".join(f"{rate:>9,.0f}" for rate in runs))
     if baseline:
         print(f"against {args.baseline_tree} (the same flags, each run right after ours):")
-        for (name, rate, _), old in zip(rows, baseline, strict=False):
-            print(f"  {name:<38} {old:>12,.0f} -> {rate:>12,.0f} examples/s: {rate / old:.2f}x")
+        for (name, new_rate, _), old in zip(rows, baseline, strict=False):
+            print(
+                f"  {name:<38} {old:>12,.0f} -> {new_rate:>12,.0f} examples/s: "
+                f"{new_rate / old:.2f}x"
+            )
+
+
+DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def measured_product_rates(products: list[tuple]) -> dict[tuple, dict[tuple, float]]:
+    """``{(dtype, xla): {shape: FLOP/s}}`` for each distinct shape of `products` and,
+    with TensorFlow's kernels, `CEILING`, in fp32 and bf16, with and without XLA."""
+    shapes = list(dict.fromkeys(product[1:] for product in products))
+    rate = {}
+    for dtype in DTYPES:
+        for xla in (False, True):
+            measured = [("", *shape) for shape in shapes] + ([] if xla else [CEILING])
+            flops = measured_matmul_flops(dtype, measured, xla)
+            rate[dtype, xla] = {
+                product[1:]: value for product, value in zip(measured, flops, strict=True)
+            }
+    return rate
+
+
+def print_products(products: dict[str, list[tuple]], rate: dict) -> None:
+    """The products of each side's step with their rates, and each step's sum in ms."""
+    print("the step's matrix products, each timed alone (best of 5, this run), GFLOP/s:")
+    print(
+        f"  {'product':<36} {'step of':>9} {'fp32 TF':>8} {'fp32 XLA':>9} {'bf16 TF':>8} "
+        f"{'bf16 XLA':>9}"
+    )
+    kernels = [(dtype, xla) for dtype in DTYPES for xla in (False, True)]
+    names = {product[0]: product for product in [*products["ours"], *products["peer"]]}
+    for name, product in names.items():
+        sides = [side for side, listed in products.items() if product in listed]
+        step_of = "both" if len(sides) == 2 else sides[0]
+        values = " ".join(f"{rate[k][product[1:]] / 1e9:>8.0f}" for k in kernels)
+        print(f"  {name:<36} {step_of:>9} {values}")
+    for side, listed in products.items():
+        values = " ".join(f"{1e3 * product_seconds(listed, rate[k]):>8.1f}" for k in kernels)
+        label = f"sum, {side} ({product_flops(listed) / 1e9:.1f} GFLOP a step), ms"
+        print(f"  {label:<46} {values}")
 
 
 def alternated_runs(runs: dict, repeats: int) -> dict[str, list]:

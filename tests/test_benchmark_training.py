@@ -49,6 +49,35 @@ def test_executed_flops_count_the_first_layer_once_per_step_on_the_tables(script
     assert script.executed_flops_per_example(64, [256, 256, 128, 64], 100, 200) == 639_744
 
 
+def test_the_step_products_are_each_layers_three_on_the_batch_or_on_the_tables(script):
+    layers = [256, 256, 128, 64]
+    projected = script.step_products(64, layers, 65536, (6040, 3706))
+    shapes = [product[1:] for product in projected]
+    # The first layer's 128-wide halves on each table: forward, input and kernel gradient.
+    assert shapes[:6] == [
+        (6040, 128, 256, False, False),
+        (6040, 256, 128, False, True),
+        (128, 6040, 256, True, False),
+        (3706, 128, 256, False, False),
+        (3706, 256, 128, False, True),
+        (128, 3706, 256, True, False),
+    ]
+    # Then 256 -> 128, 128 -> 64 and the logit (64 GMF + 64 MLP -> 1) on the batch.
+    assert [shape[:3] for shape in shapes[6::3]] == [
+        (65536, 256, 128),
+        (65536, 128, 64),
+        (65536, 128, 1),
+    ]
+    assert script.product_flops(projected) == 275_766 * 65536
+    # Without tables (or with tables as large as 2 x the batch): the reference's graph.
+    reference = script.step_products(64, layers, 65536)
+    assert reference[0][1:] == (65536, 256, 256, False, False) and len(reference) == 12
+    assert script.product_flops(reference) == 639_744 * 65536
+    assert script.step_products(64, layers, 100, (100, 100)) == script.step_products(
+        64, layers, 100
+    )
+
+
 def test_peaks_follow_the_vector_flags_and_the_clock(script):
     cores = os.cpu_count() or 1
     amx = script.cpu_peak_flops("avx avx2 fma avx512f amx_bf16", "CPU max MHz:  3000.0000\n")
