@@ -109,13 +109,16 @@ def make_source(config: OnlineConfig):
 
 def make_callbacks(config: OnlineConfig) -> list[Callback]:
     """Audit log (first: an event is logged before a checkpoint can vouch for it),
-    checkpoint, export, metrics and stop conditions."""
+    metrics (before the checkpoint and export, so that the last report, at the end,
+    measures the training and not the durable save and export made when it stops),
+    checkpoint, export and stop conditions."""
     checkpoint = callbacks.CheckpointCallback(
         config.model_dir, config.checkpoint_every_steps, config.checkpoint_every_secs
     )
     chosen: list[Callback] = []
     if config.trained_events_log:
         chosen.append(callbacks.TrainedEventsLog(config.trained_events_log))
+    chosen.append(callbacks.MetricLogger(every_seconds=config.log_every_secs))
     chosen += [checkpoint, callbacks.ReportRestore(checkpoint)]
     if config.export_dir:
         chosen.append(
@@ -127,7 +130,6 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
                 config.keep_exports,
             )
         )
-    chosen.append(callbacks.MetricLogger(every_seconds=config.log_every_secs))
     if config.max_events or config.max_seconds or config.idle_timeout_secs:
         chosen.append(
             callbacks.StopAfter(

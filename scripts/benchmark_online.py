@@ -180,7 +180,7 @@ def _trainer(
             f"--group={group}",
             f"--model_dir={folder}/model",
             f"--summary_file={folder}/summary.json",
-            "--log_every_secs=2",
+            "--log_every_secs=0.5",  # a few reports in a 2 s window
             f"--seed={FLAGS.seed}",
             *extra,
         ],
@@ -197,8 +197,13 @@ def _summary(work_dir: str, group: str) -> dict:
 
 
 def _sustained(summary: dict) -> float:
-    """Events/s between the first and last metric reports (start-up and tracing out)."""
+    """Events/s from the first metric report (start-up and the first sink's tracing
+    before it) to the last one before the stop: the final interval holds what a run
+    does when it stops, which a checkout before the metric logger's move (a294324 among
+    them) reports after its durable final checkpoint (0 to 0.85 s of a 2 s window)."""
     history = [h for h in summary["history"] if h["events"] > 0]
+    if len(history) > 2:
+        history = history[:-1]
     if len(history) < 2:
         return summary["events"] / summary["seconds"]
     first, last = history[0], history[-1]
