@@ -14,7 +14,11 @@ optimised HLO, and each kernel (``MatMul.30``, ``wrapped_scatter.1``) is counted
 TensorFlow op its HLO came from (the metadata XLA keeps), so both modes fall into the
 same categories.
 
-    python scripts/profile_training_step.py --ratings ../shared/data/ml-1m/ratings.dat
+    python scripts/profile_training_step.py --ratings ../shared/data/ml-1m/ratings.dat \
+        [--extra_flag=--inter_op_parallelism_threads=1] [--list_ops 45]
+
+(With one inter-op thread the ops run one at a time, so their times add up to the
+step's instead of overlapping.)
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import math
 import os
 import re
 import tempfile
@@ -123,6 +128,9 @@ def main() -> None:
     parser.add_argument("--ratings", required=True, help="ML-1M ratings.dat (its table sizes)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--extra_flag", action="append", default=[], help="passed to ncf-main")
+    parser.add_argument(
+        "--list_ops", type=int, default=0, help="also list this many largest ops, ms per step"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         hlo_dir = os.path.join(work, "hlo")
@@ -170,6 +178,11 @@ def main() -> None:
         value = sum(ops.values())
         top = ", ".join(f"{name} {s:.2f}" for name, s in ops.most_common(3))
         print(f"{category:<36} {value:>7.2f} {value / total:>6.1%}  {top}")
+    if args.list_ops:
+        steps = math.ceil(summary["train_points"] / config.batch_size)
+        print(f"the {args.list_ops} largest ops, ms per step ({steps} steps):")
+        for name, value in seconds.most_common(args.list_ops):
+            print(f"  {1e3 * value / steps:8.2f}  {name}")
 
 
 if __name__ == "__main__":
