@@ -382,7 +382,8 @@ def throughput(args, work: str) -> None:
         )
     print(
         "  step ms: the row's mean step (first calls included); products: its graph's "
-        "products at the rates above, one after another; other: the rest"
+        "products at the rates above, one after another (the peer's too are timed with this "
+        "TensorFlow's kernels, not its 2.15's); other: the rest"
     )
     rates = {name: examples_per_second for name, examples_per_second, _ in rows}
     fp32 = max(rate for name, rate in rates.items() if "fp32" in name)
