@@ -30,7 +30,15 @@ from absl import app, flags, logging
 from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
-from official.utils.misc import atomic, distribution_utils, errors, model_dir, signals
+from official.utils.misc import (
+    atomic,
+    distribution_utils,
+    errors,
+    machine,
+    model_dir,
+    precision,
+    signals,
+)
 from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.progress import ProgressBar
 from official.utils.misc.runner import BEST_FOLDER, Runner, completed_epochs_of, restore_model
@@ -149,6 +157,13 @@ def run(config: NcfConfig) -> RunResult:
         config.tpu_project,
     )
     replicas = strategy.num_replicas_in_sync
+    on_cpu = all("CPU" in device.upper() for device in strategy.extended.worker_devices)
+    dtype = config.model.dtype
+    warning = precision.cpu_bf16_warning(
+        precision.POLICIES[dtype], machine.describe_cpu().isa, f"--dtype {dtype}"
+    )
+    if on_cpu and warning:
+        logging.warning(warning)
     if config.batch_size % replicas:
         raise ValueError(f"--batch_size {config.batch_size} must divide by {replicas} replicas")
     # Before the compliance log opens: by default it lives in model_dir.

@@ -388,7 +388,7 @@ def throughput(args, work: str) -> None:
     rates = {name: examples_per_second for name, examples_per_second, _ in rows}
     fp32 = max(rate for name, rate in rates.items() if "fp32" in name)
     bf16 = max(rate for name, rate in rates.items() if "bf16" in name)
-    units = [flag for flag, _ in _BF16_FLOP_PER_CYCLE if flag in cpu.isa.split()]
+    units = [flag for flag in machine.BF16_CPU_FLAGS if flag in cpu.isa.split()]
     print(
         f"ours bf16 / fp32, the faster of each: {bf16 / fp32:.2f}x (bf16 matrix instructions: "
         f"{', '.join(units) or 'none'}; issue 18: >= 1.5x with them, else >= 0.95x or the "

@@ -139,6 +139,14 @@ def tiny_train_input_fn() -> tf.data.Dataset:
     )
 
 
+@pytest.fixture(autouse=True)
+def _float32_policy_after_each_test():
+    """ncf-main's `build_model` sets Keras' process-wide dtype policy to its --dtype's:
+    put it back after each test, so that no test builds layers in another's precision."""
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
 @pytest.fixture
 def tiny_ml1m(tmp_path) -> str:
     """A data_dir holding ``ml-1m/ratings.dat`` with `TINY_ROWS`; returns data_dir."""

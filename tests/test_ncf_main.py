@@ -18,6 +18,7 @@ from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
 
 from official.utils.logs import mlperf_helper
 from official.utils.logs.mlperf_helper import MlperfOptions
+from official.utils.misc import machine
 from recommendation import ncf_main
 from recommendation.ncf_common import NcfConfig
 
@@ -89,6 +90,25 @@ def test_synthetic_batches_measure_throughput_only(tmp_path):
     summary = ncf_main.run(_config(tmp_path, use_synthetic_data=True, train_epochs=1)).summary
     assert summary["best_hr"] is None and summary["examples_per_second"] > 0
     assert "throughput" in ncf_main.summary_line(summary, 10)
+
+
+@pytest.mark.parametrize(
+    "isa, warned", [("sse4_2 avx avx2 fma", True), ("avx avx2 fma avx512f avx512_bf16", False)]
+)
+def test_bf16_on_a_cpu_without_bf16_instructions_says_to_use_fp32(
+    tmp_path, monkeypatch, isa, warned
+):
+    monkeypatch.setattr(machine, "describe_cpu", lambda: machine.CpuInfo("a CPU", isa))
+    said = []
+    monkeypatch.setattr(ncf_main.logging, "warning", lambda text, *args: said.append(text % args))
+    config = _config(tmp_path, use_synthetic_data=True, train_epochs=1)
+    ncf_main.run(dataclasses.replace(config, model=dataclasses.replace(config.model, dtype="bf16")))
+    about_bf16 = [line for line in said if "--dtype bf16" in line]
+    if warned:
+        assert len(about_bf16) == 1 and "use fp32 here" in about_bf16[0]
+        assert "amx_bf16, avx512_bf16" in about_bf16[0]
+    else:
+        assert about_bf16 == []
 
 
 def test_cycles_cover_the_remaining_epochs():

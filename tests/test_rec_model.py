@@ -10,7 +10,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import logging
 
+from official.utils.misc import machine
 from recommendation.online import callbacks as online_callbacks
 from recommendation.online.rec_model import Callback, RecModel, StreamBatch
 
@@ -263,6 +265,26 @@ def test_boost_levels_train_the_same_function(boost_level):
         results[level] = [w.numpy() for w in model.network.weights]
     for a, b in zip(results["O0"], results[boost_level], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "amp_level, isa, warned",
+    [
+        ("O2", "sse4_2 avx avx2 fma", True),
+        ("O3", "sse4_2 avx avx2 fma", True),
+        ("O0", "sse4_2 avx avx2 fma", False),
+        ("O2", "avx2 fma avx512f avx512_bf16", False),
+    ],
+)
+def test_bf16_amp_on_a_cpu_without_bf16_instructions_says_to_use_fp32(
+    monkeypatch, amp_level, isa, warned
+):
+    monkeypatch.setattr(machine, "describe_cpu", lambda: machine.CpuInfo("a CPU", isa))
+    said = []
+    monkeypatch.setattr(logging, "warning", lambda text, *args: said.append(text % args))
+    RecModel(_network(), _loss(), keras.optimizers.Adam(0.05), amp_level=amp_level)
+    expected = [line for line in said if line.startswith(f"amp_level {amp_level} computes in bf16")]
+    assert len(expected) == int(warned) and len(said) == int(warned)
 
 
 @pytest.mark.parametrize("amp_level", ["O2", "O3"])

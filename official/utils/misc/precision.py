@@ -12,8 +12,28 @@ from __future__ import annotations
 
 import keras
 
+from official.utils.misc import machine
+
 # --dtype -> Keras policy: variables stay float32 in the mixed ones.
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+def cpu_bf16_warning(policy: str | None, isa: str, asked: str) -> str | None:
+    """What to tell a user whose setting `asked` (``--dtype bf16``, ``amp_level O2``)
+    computes in bfloat16 (Keras `policy`) on a CPU with the vector flags `isa`
+    (`machine.describe_cpu`): without bf16 matrix instructions every product converts
+    to fp32, and bf16 trained at 0.73-0.96x fp32's rate on an AVX2 AMD EPYC
+    (docs/benchmarks.md). None where there is nothing to say."""
+    flags = set(isa.split())
+    if "bfloat16" not in (policy or "") or flags & set(machine.BF16_CPU_FLAGS):
+        return None
+    if isa in ("unknown", "none"):  # no x86 flags to read: say nothing
+        return None
+    return (
+        f"{asked} computes in bf16 on a CPU without bf16 matrix instructions (none of "
+        f"{', '.join(machine.BF16_CPU_FLAGS)} in its flags): expect it slower than fp32 "
+        "(0.73-0.96x measured on an AVX2 CPU); use fp32 here"
+    )
 
 
 def with_loss_scaling(
