@@ -34,7 +34,6 @@ from official.utils.misc import (
     atomic,
     distribution_utils,
     errors,
-    machine,
     model_dir,
     precision,
     signals,
@@ -157,13 +156,9 @@ def run(config: NcfConfig) -> RunResult:
         config.tpu_project,
     )
     replicas = strategy.num_replicas_in_sync
-    on_cpu = all("CPU" in device.upper() for device in strategy.extended.worker_devices)
-    dtype = config.model.dtype
-    warning = precision.cpu_bf16_warning(
-        precision.POLICIES[dtype], machine.describe_cpu().isa, f"--dtype {dtype}"
-    )
-    if on_cpu and warning:
-        logging.warning(warning)
+    if all("CPU" in device.upper() for device in strategy.extended.worker_devices):
+        dtype = config.model.dtype
+        precision.warn_if_bf16_is_slow_here(precision.POLICIES[dtype], f"--dtype {dtype}")
     if config.batch_size % replicas:
         raise ValueError(f"--batch_size {config.batch_size} must divide by {replicas} replicas")
     # Before the compliance log opens: by default it lives in model_dir.

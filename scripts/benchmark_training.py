@@ -162,6 +162,8 @@ for m, k, n, transpose_a, transpose_b in json.loads(sys.argv[3]):
 """
 # A large square product: the ceiling that the step's products are read against.
 CEILING = ("4096^3", 4096, 4096, 4096, False, False)
+# TensorFlow's names of the dtypes the products are timed in, and ours.
+DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def measured_matmul_flops(dtype: str, products: list[tuple], xla: bool = False) -> list[float]:
@@ -417,9 +419,6 @@ def throughput(args, work: str) -> None:
                 f"  {name:<38} {old:>12,.0f} -> {new_rate:>12,.0f} examples/s: "
                 f"{new_rate / old:.2f}x"
             )
-
-
-DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def measured_product_rates(products: list[tuple]) -> dict[tuple, dict[tuple, float]]:

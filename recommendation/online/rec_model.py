@@ -53,9 +53,8 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
-from official.utils.misc import machine, precision, signals
+from official.utils.misc import precision, signals
 from official.utils.misc.runner import sum_over_steps, without_autotuning
 from recommendation import neumf_model
 
@@ -330,12 +329,8 @@ class RecModel:
         self.policy = _policy(amp_level)
         if self.policy is not None:
             self._apply_policy(amp_level)
-        # `_policy` picks bf16 only on the CPU.
-        warning = precision.cpu_bf16_warning(
-            self.policy, machine.describe_cpu().isa, f"amp_level {amp_level}"
-        )
-        if warning:
-            logging.warning(warning)
+            # `_policy` picks bf16 only on the CPU.
+            precision.warn_if_bf16_is_slow_here(self.policy, f"amp_level {amp_level}")
         if optimizer is not None and self.policy is not None:
             optimizer = precision.with_loss_scaling(optimizer, self.policy)
         self.optimizer = optimizer

@@ -11,6 +11,7 @@ scale itself.
 from __future__ import annotations
 
 import keras
+from absl import logging
 
 from official.utils.misc import machine
 
@@ -18,22 +19,24 @@ from official.utils.misc import machine
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
-def cpu_bf16_warning(policy: str | None, isa: str, asked: str) -> str | None:
-    """What to tell a user whose setting `asked` (``--dtype bf16``, ``amp_level O2``)
-    computes in bfloat16 (Keras `policy`) on a CPU with the vector flags `isa`
-    (`machine.describe_cpu`): without bf16 matrix instructions every product converts
-    to fp32, and bf16 trained at 0.73-0.96x fp32's rate on an AVX2 AMD EPYC
-    (docs/benchmarks.md). None where there is nothing to say."""
-    flags = set(isa.split())
-    if "bfloat16" not in (policy or "") or flags & set(machine.BF16_CPU_FLAGS):
+def warn_if_bf16_is_slow_here(policy: str | None, asked: str) -> str | None:
+    """Logs (and returns) one warning when the setting `asked` (``--dtype bf16``,
+    ``amp_level O2``) computes in bfloat16 (Keras `policy`) on this CPU without bf16
+    matrix instructions: there every product converts to fp32, and bf16 trained at
+    0.73-0.96x fp32's rate on an AVX2 AMD EPYC (docs/benchmarks.md). None where there
+    is nothing to say (fp32, bf16 instructions present, or no x86 flags to read)."""
+    if "bfloat16" not in (policy or ""):
         return None
-    if isa in ("unknown", "none"):  # no x86 flags to read: say nothing
+    isa = machine.describe_cpu().isa
+    if set(isa.split()) & set(machine.BF16_CPU_FLAGS) or isa in ("unknown", "none"):
         return None
-    return (
+    warning = (
         f"{asked} computes in bf16 on a CPU without bf16 matrix instructions (none of "
         f"{', '.join(machine.BF16_CPU_FLAGS)} in its flags): expect it slower than fp32 "
         "(0.73-0.96x measured on an AVX2 CPU); use fp32 here"
     )
+    logging.warning(warning)
+    return warning
 
 
 def with_loss_scaling(
