@@ -43,11 +43,14 @@ class ProducerError(RuntimeError):
 class ProducerHandle:
     """The trainer's handle on the data producer of one training run (the producer
     itself is `data_async_generation.Producer`, in its own process): starts it, hands it
-    its work, waits for its files and stops it.
+    its work, waits for its files and stops it. Entering starts the process and returns
+    at once; `hand_over` (or the first wait for data) waits for it to be up and hands it
+    `params`.
 
     Use as a context manager::
 
         with ProducerHandle(params, run_root) as producer:
+            ...  # the trainer's own start-up, while the producer starts
             eval_info = producer.eval_data()
             for cycle in range(len(params.epochs_per_cycle)):
                 info = producer.cycle(cycle)
@@ -82,12 +85,13 @@ class ProducerHandle:
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._stop_thread = threading.Event()
+        self._handed_over = False
 
     # -- life cycle ---------------------------------------------------------
 
     def __enter__(self) -> ProducerHandle:
         try:
-            self.start()
+            self.launch()
         except BaseException:
             self.stop()  # a failed or interrupted start leaves no process or folder either
             raise
@@ -96,11 +100,13 @@ class ProducerHandle:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
-    def start(self) -> None:
-        """Starts the producer, waits for it to be alive and hands it the parameters.
+    def launch(self) -> None:
+        """Starts the producer without waiting for it: it takes seconds to import
+        TensorFlow, which the trainer can spend on its own start (`Runner.prepare`);
+        `hand_over` then gives it its work.
 
         Raises:
-            ProducerError: The run folder cannot be written, or the producer failed.
+            ProducerError: The run folder cannot be written.
         """
         try:
             tf.io.gfile.makedirs(self.run_dir)
@@ -128,6 +134,16 @@ class ProducerHandle:
                 target=self._run_in_thread, daemon=True, name="ncf-data-producer"
             )
             self._thread.start()
+
+    def hand_over(self) -> None:
+        """Waits for the producer to be alive and hands it the parameters; the first
+        wait for data does it too, if not done yet.
+
+        Raises:
+            ProducerError: The producer failed or stalled on its way up.
+        """
+        if self._handed_over:
+            return
         # Importing TensorFlow in a new process takes seconds: allow more than a stall.
         self._wait_for_file(
             os.path.join(self.run_dir, run_folder.ALIVE_FILE),
@@ -137,6 +153,7 @@ class ProducerHandle:
         if self.on_alive is not None:
             self.on_alive()
         atomic.write_file(os.path.join(self.run_dir, run_folder.PARAMS_FILE), self.params.to_json())
+        self._handed_over = True
         logging.info(
             "Data producer started (%s); log: %s",
             f"pid {self._process.pid}" if self._process else "in-process",
@@ -174,12 +191,14 @@ class ProducerHandle:
     def eval_data(self, split: str = constants.TEST_SPLIT) -> EvalInfo:
         """Waits for the evaluation set of `split` (the validation set exists only when
         the data holds validation items)."""
+        self.hand_over()
         folder = run_folder.eval_folder(self.run_dir, split)
         ready = self._wait_for_file(run_folder.ready_file(folder), f"the {split} set")
         return EvalInfo.from_json(ready, folder=folder)
 
     def cycle(self, index: int) -> CycleInfo:
         """Waits for training cycle `index` to be complete."""
+        self.hand_over()
         folder = run_folder.cycle_folder(self.run_dir, index)
         ready = self._wait_for_file(run_folder.ready_file(folder), f"training cycle {index}")
         return CycleInfo.from_json(ready, index=index, folder=folder)
@@ -311,6 +330,17 @@ def train_input_fn(info: CycleInfo) -> tf.data.Dataset:
         return features, tf.cast(batch[constants.LABELS], tf.float32)
 
     return _parsed_batches(_read_records(info.folder, info.num_shards), parse)
+
+
+def train_batch_spec(batch_size: int):
+    """The element spec of `train_input_fn`'s batches of `batch_size`, before any cycle
+    exists (the pipeline is built, not read)."""
+    return train_input_fn(CycleInfo(0, "", 1, 1, batch_size, 1)).element_spec
+
+
+def eval_batch_spec(users_per_batch: int, block_size: int):
+    """The element spec of `eval_input_fn`'s batches, before the evaluation set exists."""
+    return eval_input_fn(EvalInfo("", 1, users_per_batch, block_size, 0, 1)).element_spec
 
 
 def eval_input_fn(info: EvalInfo) -> tf.data.Dataset:

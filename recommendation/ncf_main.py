@@ -40,7 +40,13 @@ from official.utils.misc import (
 )
 from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import BEST_FOLDER, Runner, completed_epochs_of, restore_model
+from official.utils.misc.runner import (
+    BEST_FOLDER,
+    Mode,
+    Runner,
+    completed_epochs_of,
+    restore_model,
+)
 from recommendation import (
     constants,
     data_pipeline,
@@ -573,6 +579,17 @@ def _train_and_evaluate(
     with data_pipeline.ProducerHandle(
         params, run_root, config.use_subprocess, config.data_stall_timeout_sec, start_run
     ) as producer:
+        # While the producer process imports TensorFlow: the first calls then only
+        # compile and run.
+        if cycles:
+            runner.prepare(Mode.TRAIN, data_pipeline.train_batch_spec(params.batch_size))
+        runner.prepare(
+            Mode.EVAL,
+            data_pipeline.eval_batch_spec(
+                params.eval_users_per_batch, runner.params.eval_block_size
+            ),
+        )
+        producer.hand_over()
         mlperf.event("train_loop")
         eval_info = producer.eval_data(split)
         if history is not None and first_epoch and not history.has(first_epoch - 1):

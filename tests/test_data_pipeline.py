@@ -311,14 +311,15 @@ def test_an_unwritable_run_folder_is_one_clear_error(cache_path, tmp_path):
         match=r"cannot write the producer's run folder in .*cache/runs: .*; pass --cache_dir "
         "with a writable folder",
     ):
-        ProducerHandle(_params(cache_path), str(blocked / "runs")).start()
+        ProducerHandle(_params(cache_path), str(blocked / "runs")).launch()
 
 
 def test_a_start_interrupted_before_the_producer_is_up_leaves_nothing(cache_path, tmp_path):
     producer = ProducerHandle(_params(cache_path), str(tmp_path))
     with signals.stop_on_signals():
-        os.kill(os.getpid(), signal.SIGTERM)  # pending: raised while start waits
+        os.kill(os.getpid(), signal.SIGTERM)  # pending: raised while hand_over waits
         with pytest.raises(signals.Interrupted), producer:
+            producer.hand_over()
             pytest.fail("the producer started although a stop was pending")
     assert producer._process.poll() is not None  # started, then stopped
     assert os.listdir(tmp_path) == []

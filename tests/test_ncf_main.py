@@ -19,7 +19,7 @@ from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
 from official.utils.logs import mlperf_helper
 from official.utils.logs.mlperf_helper import MlperfOptions
 from official.utils.misc import machine
-from recommendation import ncf_main
+from recommendation import data_pipeline, ncf_main, neumf_model
 from recommendation.ncf_common import NcfConfig
 
 
@@ -48,6 +48,26 @@ def test_trains_evaluates_checkpoints_and_logs(tmp_path):
     resumed = ncf_main.run(_config(tmp_path, train_epochs=3)).summary
     assert resumed["epochs"] == 3
     assert [record["epoch"] for record in _records(tmp_path, "evaluation")] == [0, 1, 2]
+
+
+def test_the_steps_are_traced_while_the_producer_starts_and_not_again(tmp_path, monkeypatch):
+    events = []
+    model_fn, hand_over = neumf_model.model_fn, data_pipeline.ProducerHandle.hand_over
+
+    def recording_model_fn(features, labels, mode, params, state):
+        events.append(mode.value)  # Python runs only while a call is traced
+        return model_fn(features, labels, mode, params, state)
+
+    def recording_hand_over(producer):
+        events.append("hand over")
+        hand_over(producer)
+
+    monkeypatch.setattr(neumf_model, "model_fn", recording_model_fn)
+    monkeypatch.setattr(data_pipeline.ProducerHandle, "hand_over", recording_hand_over)
+    ncf_main.run(_config(tmp_path))
+    first = events.index("hand over")
+    assert set(events[:first]) == {"train", "eval"}  # before the producer is given its work
+    assert set(events[first:]) == {"hand over"}  # and the two epochs traced nothing more
 
 
 def test_same_seed_same_metrics_on_cpu(tmp_path):

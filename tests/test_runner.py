@@ -13,7 +13,7 @@ from conftest import TINY_PARAMS, tiny_runner, tiny_train_input_fn
 
 from official.utils.misc import signals
 from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.runner import Runner
+from official.utils.misc.runner import Mode, Runner
 from recommendation import constants, data_pipeline, neumf_model
 
 
@@ -154,6 +154,31 @@ def _eval_input_fn():
         constants.VALID_POINT_MASK: np.ones((9, 2 * block), bool),
     }
     return tf.data.Dataset.from_tensor_slices(features)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_traced_call_runs_without_tracing_again_and_trains_the_same(tmp_path, jit_compile):
+    traced = []
+
+    def model_fn(features, labels, mode, params, state):
+        traced.append(mode)  # Python runs only while a call is traced
+        return neumf_model.model_fn(features, labels, mode, params, state)
+
+    runner = tiny_runner(
+        str(tmp_path / "a"), steps_per_call=4, model_fn=model_fn, jit_compile=jit_compile
+    )
+    runner.prepare(Mode.TRAIN, tiny_train_input_fn().element_spec)
+    runner.prepare(Mode.EVAL, _eval_input_fn().element_spec)
+    assert set(traced) == {Mode.TRAIN, Mode.EVAL} and runner.global_step == 0
+    before = list(traced)
+    trained = runner.train(tiny_train_input_fn, 10)
+    evaluated = runner.evaluate(_eval_input_fn, 9)
+    assert traced == before  # the first calls used the traces
+    untraced = tiny_runner(str(tmp_path / "b"), steps_per_call=4, jit_compile=jit_compile)
+    assert untraced.train(tiny_train_input_fn, 10)["loss"] == trained["loss"]
+    assert untraced.evaluate(_eval_input_fn, 9)["hr"] == evaluated["hr"]
+    for left, right in zip(_weights(runner), _weights(untraced), strict=True):
+        np.testing.assert_array_equal(left, right)
 
 
 def test_a_checkpoint_of_other_model_flags_is_named_as_such(tmp_path):

@@ -184,8 +184,7 @@ class Runner:
             self._checkpoint, self._checkpoint_dir(), max_to_keep=keep_checkpoints
         )
         self._best_manager: tf.train.CheckpointManager | None = None
-        self._train_call = None
-        self._eval_call = None
+        self._calls: dict[Mode, Callable] = {}  # each mode's call, made at its first use
         # Each mode's `ModelSpec.summarize`, taken from the spec when the step is traced.
         self._summarize: dict[Mode, Callable[[dict[str, float]], dict[str, float]]] = {}
 
@@ -367,16 +366,34 @@ class Runner:
             The TRAIN spec's summary of the metric sums (`ModelSpec.summarize`), and
             ``seconds``.
         """
-        if self._train_call is None:
-            self._train_call = self._make_call(Mode.TRAIN)
-        return self._run(Mode.TRAIN, self._train_call, input_fn, steps, on_progress)
+        return self._run(Mode.TRAIN, self._call(Mode.TRAIN), input_fn, steps, on_progress)
 
     def evaluate(self, input_fn: Callable[[], tf.data.Dataset], steps: int) -> dict[str, float]:
         """Evaluates over `steps` batches; returns the EVAL spec's summary of the metric
         sums (`ModelSpec.summarize`), and ``seconds``."""
-        if self._eval_call is None:
-            self._eval_call = self._make_call(Mode.EVAL)
-        return self._run(Mode.EVAL, self._eval_call, input_fn, steps, None)
+        return self._run(Mode.EVAL, self._call(Mode.EVAL), input_fn, steps, None)
+
+    def prepare(self, mode: Mode, element_spec) -> None:
+        """Gets `mode`'s call ready before its data exists (a trainer does this while it
+        waits for data): traced for batches of `element_spec`, and for EVAL, which
+        changes no state, also compiled by one call on zeros, so that its first real
+        call only runs (TRAIN's still compiles with XLA: a call would train)."""
+        call = self._call(mode)
+        if self.run_eagerly:
+            return
+        batch = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
+        dataset = tf.data.Dataset.from_tensors(batch).repeat()
+        # `distribute` makes the real input's iterator the same way: the same type.
+        iterator = iter(self.distribute(lambda: dataset))
+        if mode == Mode.EVAL:
+            call(iterator, tf.constant(1))
+        else:
+            call.get_concrete_function(iterator, tf.TensorSpec([], tf.int32))
+
+    def _call(self, mode: Mode):
+        if mode not in self._calls:
+            self._calls[mode] = self._make_call(mode)
+        return self._calls[mode]
 
     def _run(self, mode: Mode, call, input_fn, steps, on_progress) -> dict[str, float]:
         """`steps` steps in calls of `steps_per_call`; a stop signal is raised between
