@@ -332,13 +332,13 @@ def train_input_fn(info: CycleInfo) -> tf.data.Dataset:
     return _parsed_batches(_read_records(info.folder, info.num_shards), parse)
 
 
-def train_batch_spec(batch_size: int):
+def train_batch_spec(batch_size: int) -> tuple[dict[str, tf.TensorSpec], tf.TensorSpec]:
     """The element spec of `train_input_fn`'s batches of `batch_size`, before any cycle
     exists (the pipeline is built, not read)."""
     return train_input_fn(CycleInfo(0, "", 1, 1, batch_size, 1)).element_spec
 
 
-def eval_batch_spec(users_per_batch: int, block_size: int):
+def eval_batch_spec(users_per_batch: int, block_size: int) -> dict[str, tf.TensorSpec]:
     """The element spec of `eval_input_fn`'s batches, before the evaluation set exists."""
     return eval_input_fn(EvalInfo("", 1, users_per_batch, block_size, 0, 1)).element_spec
 

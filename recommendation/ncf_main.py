@@ -579,8 +579,8 @@ def _train_and_evaluate(
     with data_pipeline.ProducerHandle(
         params, run_root, config.use_subprocess, config.data_stall_timeout_sec, start_run
     ) as producer:
-        # While the producer process imports TensorFlow: the first calls then only
-        # compile and run.
+        # While the producer process imports TensorFlow: the first training call then
+        # only compiles (XLA) and runs, the first evaluation only runs.
         if cycles:
             runner.prepare(Mode.TRAIN, data_pipeline.train_batch_spec(params.batch_size))
         runner.prepare(

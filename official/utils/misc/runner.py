@@ -373,11 +373,12 @@ class Runner:
         sums (`ModelSpec.summarize`), and ``seconds``."""
         return self._run(Mode.EVAL, self._call(Mode.EVAL), input_fn, steps, None)
 
-    def prepare(self, mode: Mode, element_spec) -> None:
+    def prepare(self, mode: Mode, element_spec: object) -> None:
         """Gets `mode`'s call ready before its data exists (a trainer does this while it
         waits for data): traced for batches of `element_spec`, and for EVAL, which
         changes no state, also compiled by one call on zeros, so that its first real
-        call only runs (TRAIN's still compiles with XLA: a call would train)."""
+        call only runs (TRAIN's still compiles with XLA: a call would train).
+        `element_spec` is the input dataset's: a nest of fully defined `tf.TensorSpec`s."""
         call = self._call(mode)
         if self.run_eagerly:
             return
