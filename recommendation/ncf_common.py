@@ -308,7 +308,10 @@ NCF_FLAGS = (
         "What to train: neumf (GMF and MLP parts, one table per side of width "
         "--num_factors + --layers[0]/2), or the NCF paper's gmf (--num_factors wide "
         "tables, their element-wise product, a logit) or mlp (--layers[0]/2 wide tables, "
-        "the MLP tower, a logit) alone, e.g. to pretrain NeuMF (--pretrain_gmf_dir).",
+        "the MLP tower, a logit) alone, e.g. to pretrain NeuMF (--pretrain_gmf_dir); mf "
+        "is gmf with the logit's weights fixed at 1 (a dot product plus a bias), whose "
+        "tables --row_regularization holds back (a gmf logit's free weights undo it); an "
+        "mf run pretrains the GMF part as a gmf run does.",
         field="model.model_kind",
         choices=MODEL_KINDS,
     ),
@@ -343,8 +346,18 @@ NCF_FLAGS = (
     LAYERS,
     FlagSpec(
         "mf_regularization",
-        "L2 weight on the MF embeddings.",
+        "L2 weight on the MF embeddings (whole tables, once per step).",
         field="model.mf_regularization",
+        checks=(NON_NEGATIVE,),
+    ),
+    FlagSpec(
+        "row_regularization",
+        "L2 weight on the embedding rows each training example looks up: every example "
+        "adds it x (|user row|^2 + |item row|^2) to its loss, so a row is held back in "
+        "proportion to its use (per-example SGD matrix factorisation's L2, Rendle et al. "
+        "2020). With --optimizer sgd and --learning_rate = per-example rate x "
+        "--batch_size it is that SGD, reg = 2 x this.",
+        field="model.row_regularization",
         checks=(NON_NEGATIVE,),
     ),
     FlagSpec(

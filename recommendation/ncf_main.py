@@ -469,9 +469,11 @@ def _check_pretrained_sizes(
     flag = f"--pretrain_{kind}_dir"
     found = describe_checkpoint(path)
     if found["kind"] != kind:
+        # An MF model is a GMF model (its weights fixed at 1): both pretrain the GMF part.
+        models = "gmf or mf" if kind == neumf_model.GMF else kind
         raise ModelDirError(
             f"{flag} {directory} holds {_A_KIND[found['kind']]} model ({path}), not "
-            f"{_A_KIND[kind]} one: give the model_dir of an ncf-main --model {kind} run"
+            f"{_A_KIND[kind]} one: give the model_dir of an ncf-main --model {models} run"
         )
     if (found["users"], found["items"]) != (params.num_users, params.num_items):
         raise ModelDirError(

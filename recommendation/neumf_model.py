@@ -6,7 +6,8 @@ factorisation (element-wise product), the rest feed the MLP (concatenation, then
 + ReLU layers); both parts are concatenated into a final Dense(1) logit. Sharing one
 table per side for both parts means one gather instead of two, which the Model Garden
 notes is faster. The NCF paper's GMF and MLP models are the same network with one part
-left out (`MODEL_KINDS`); `combine_pretrained` starts NeuMF from a trained pair of them.
+left out (`MODEL_KINDS`), and MF is GMF with its output weights fixed at 1;
+`combine_pretrained` starts NeuMF from a trained pair of them.
 
 This module holds numerics only: no flags, no files, no logging.
 """
@@ -24,9 +25,12 @@ from official.utils.misc import precision
 from official.utils.misc.runner import Mode, ModelSpec, ModelState
 from recommendation import constants
 
-# What NeuMF scores with: both parts (NeuMF), or the NCF paper's GMF or MLP model alone.
-NEUMF, GMF, MLP = "neumf", "gmf", "mlp"
-MODEL_KINDS = (NEUMF, GMF, MLP)
+# What NeuMF scores with: both parts (NeuMF), the NCF paper's GMF or MLP model alone, or
+# MF: GMF with its output weights fixed at 1, a dot product plus a bias (`NeuMF`).
+NEUMF, GMF, MLP, MF = "neumf", "gmf", "mlp", "mf"
+MODEL_KINDS = (NEUMF, GMF, MLP, MF)
+# The kinds whose tables hold only GMF columns (an MF model pretrains NeuMF's GMF part).
+GMF_ONLY = (GMF, MF)
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -38,7 +42,12 @@ class ModelParams:
         num_users, num_items: Embedding table sizes.
         mf_dim: Width of the GMF part (``--num_factors``).
         layers: MLP widths; ``layers[0]`` is the concatenated MLP embedding width.
-        mf_regularization: L2 weight on the embedding tables.
+        mf_regularization: L2 weight on the embedding tables, whole, once per step.
+        row_regularization: L2 weight on the table rows each training example looks
+            up: every valid point adds ``row_regularization x (|user row|^2 + |item
+            row|^2)`` to its loss, so a row is held back in proportion to how often it
+            is trained, as per-example SGD matrix factorisation regularises (Rendle et
+            al. 2020); `mf_regularization` shrinks rarely seen rows as much as common ones.
         mlp_regularization: L2 weight of each MLP layer (entry 0 is unused, as in the
             reference: layer 0 is the embedding concatenation).
         embedding_init: ``glorot_uniform`` (the MLPerf reference) or ``normal``
@@ -52,7 +61,8 @@ class ModelParams:
         decay_start_epoch: First epoch trained at the decayed rate.
         steps_per_epoch: Optimiser steps in one epoch (global batches); needed only
             when the rate decays.
-        model_kind: ``neumf``, or the paper's ``gmf`` or ``mlp`` alone (`MODEL_KINDS`).
+        model_kind: ``neumf``, the paper's ``gmf`` or ``mlp`` alone, or ``mf``
+            (`MODEL_KINDS`).
         optimizer: ``adam``, or ``sgd`` (plain SGD: the paper fine-tunes a pretrained
             NeuMF with it, having no Adam moments for the pretrained weights).
         top_k: k of HR@k and NDCG@k.
@@ -68,6 +78,7 @@ class ModelParams:
     mf_dim: int = 8
     layers: tuple[int, ...] = (64, 32, 16, 8)
     mf_regularization: float = 0.0
+    row_regularization: float = 0.0
     mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
     embedding_init: str = "glorot_uniform"
     learning_rate: float = 0.001
@@ -144,6 +155,10 @@ class NeuMF(keras.Model):
     A GMF model is NeuMF without the MLP part (tables of width `mf_dim`, the logit of
     the element-wise product), an MLP model NeuMF without the GMF part (tables of width
     ``layers[0] / 2``, the logit of the tower): one network, one set of scoring paths.
+    An MF model is a GMF model whose logit weights are fixed at 1 (only their bias
+    trains): GMF's free weights can grow while the tables shrink, which undoes an L2 on
+    the tables; fixed, the L2 holds. Its weights are a GMF model's, so its checkpoint
+    pretrains NeuMF's GMF part.
 
     Each side's table is either made here (a ``keras.layers.Embedding`` of `num_users`
     or `num_items` rows) or given (`user_embedding`, `item_embedding`): online training
@@ -156,7 +171,7 @@ class NeuMF(keras.Model):
         mf_regularization: L2 on the tables made here.
         mlp_regularization: L2 per MLP layer.
         embedding_init: A name in `EMBEDDING_INITS`, for the tables made here.
-        model_kind: `NEUMF`, `GMF` or `MLP`.
+        model_kind: One of `MODEL_KINDS`.
         user_embedding, item_embedding: Given tables: layers taking `(batch,)` ids to
             `(batch, table_width(mf_dim, layers))` rows, with their own sizes,
             initialisers and regularisers.
@@ -211,7 +226,12 @@ class NeuMF(keras.Model):
             # TensorFlow checkpoints follow attributes, not Keras' tracked list: without
             # this, `tf.train.Checkpoint(model=...)` would hold no MLP weight.
             setattr(self, layer.name, layer)
-        self.logit = keras.layers.Dense(1, kernel_initializer="lecun_uniform", name="rating")
+        self.logit = keras.layers.Dense(
+            1, kernel_initializer="ones" if model_kind == MF else "lecun_uniform", name="rating"
+        )
+        if model_kind == MF:
+            self.logit.build((None, self.gmf_width))
+            self.logit.kernel.trainable = False  # still a weight, in its place, as GMF's
 
     @staticmethod
     def table_width(mf_dim: int, layers: tuple[int, ...], model_kind: str = NEUMF) -> int:
@@ -220,11 +240,12 @@ class NeuMF(keras.Model):
 
     @staticmethod
     def part_widths(mf_dim: int, layers: tuple[int, ...], model_kind: str) -> tuple[int, int]:
-        """Columns of a table row for GMF and for the MLP: 0 for the part a GMF or an
+        """Columns of a table row for GMF and for the MLP: 0 for the part a GMF, MF or
         MLP model leaves out."""
         if model_kind not in MODEL_KINDS:
             raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
-        return (0 if model_kind == MLP else mf_dim), (0 if model_kind == GMF else layers[0] // 2)
+        gmf = 0 if model_kind == MLP else mf_dim
+        return gmf, (0 if model_kind in GMF_ONLY else layers[0] // 2)
 
     def _table(
         self, side: str, count: int | None, given: keras.layers.Layer | None, width: int
@@ -251,6 +272,18 @@ class NeuMF(keras.Model):
         if self.mlp and self._project_tables_first(users.shape[0]):
             return self._score_from_tables(users, items)
         return self.score(self.user_embedding(users), self.item_embedding(items))
+
+    def squared_row_norms(self, inputs) -> tf.Tensor:
+        """`(batch,)` float32: the squared norm of each pair's user row plus its item
+        row's (what `ModelParams.row_regularization` weighs)."""
+        norms = [
+            keras.ops.sum(keras.ops.square(keras.ops.cast(table(inputs[column]), "float32")), -1)
+            for table, column in (
+                (self.user_embedding, constants.USER_COLUMN),
+                (self.item_embedding, constants.ITEM_COLUMN),
+            )
+        ]
+        return norms[0] + norms[1]
 
     def score(self, user, item):
         """Logits `(batch, 1)` from looked-up rows `(batch, width)` of each side."""
@@ -547,9 +580,9 @@ def combine_pretrained(neumf: NeuMF, gmf: NeuMF, mlp: NeuMF, alpha: float) -> No
     Raises:
         ValueError: The models are not of the kinds or sizes this needs.
     """
-    if (neumf.model_kind, gmf.model_kind, mlp.model_kind) != (NEUMF, GMF, MLP):
+    if neumf.model_kind != NEUMF or gmf.model_kind not in GMF_ONLY or mlp.model_kind != MLP:
         raise ValueError(
-            "combine_pretrained needs a NeuMF, a GMF and an MLP model, got "
+            "combine_pretrained needs a NeuMF, a GMF (or MF) and an MLP model, got "
             f"{neumf.model_kind}, {gmf.model_kind} and {mlp.model_kind}"
         )
     for ours, *theirs in (
@@ -741,6 +774,9 @@ def _train_spec(features, labels, params: ModelParams, state: ModelState) -> Mod
         logits = tf.cast(model(features, training=True)[:, 0], tf.float32)
         loss_sum = weighted_sigmoid_cross_entropy(logits, labels, valid)
         loss = loss_sum / tf.maximum(global_valid, 1.0)
+        if params.row_regularization:
+            norms = model.squared_row_norms(features) * tf.cast(valid, tf.float32)
+            loss += params.row_regularization * tf.reduce_sum(norms) / tf.maximum(global_valid, 1.0)
         if model.losses:
             loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         if params.loss_scale is None:

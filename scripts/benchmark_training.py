@@ -18,9 +18,9 @@ Suites (each prints a table; both systems run on this machine, in this run):
   factors 8, 16, 32 and 64 over seeds, the epoch selected on a validation holdout and
   the test holdout reported once, beside the paper's Table 2 (NeuMF without
   pre-training): mean and standard deviation over the seeds.
-- ``pretrained``: the same protocol for the paper's pre-trained NeuMF: a GMF and an MLP
-  model trained alone, then NeuMF started from both and fine-tuned with SGD, each
-  selected on validation, beside Table 2's pre-trained row.
+- ``pretrained``: the same protocol for the paper's pre-trained NeuMF: a GMF (or MF)
+  and an MLP model trained alone, then NeuMF started from both and fine-tuned with SGD,
+  each selected on validation, beside Table 2's pre-trained row.
 
     python scripts/benchmark_training.py --suite throughput --suite time_to_target \
         --ratings ../shared/data/ml-1m/ratings.dat --peer ../shared/peer/ncf_official.sh
@@ -53,6 +53,26 @@ PAPER_TABLE2_PRETRAINED = {
     16: (0.707, 0.426),
     32: (0.726, 0.445),
     64: (0.730, 0.447),
+}
+# How the pretrained suite trains each part alone (after the paper protocol's flags).
+# ``gmf``: the paper's GMF, as the paper protocol trains NeuMF. ``mf``: GMF's part
+# trained as Rendle et al. (2020) train matrix factorisation: a dot product (--model mf),
+# plain SGD at 0.008 per example (x the batch: ncf-main's loss is a batch mean), their
+# per-example L2 of 0.005 (--row_regularization is half of it: Keras' L2 convention),
+# 8 negatives, 64 epochs; the rate, L2 and epochs chosen on validation (docs/benchmarks.md).
+MF_BATCH, MF_RATE_PER_EXAMPLE = 8192, 0.008
+PART_FLAGS = {
+    "gmf": ("--model=gmf",),
+    "mlp": ("--model=mlp",),
+    "mf": (
+        "--model=mf",
+        "--optimizer=sgd",
+        f"--batch_size={MF_BATCH}",
+        f"--learning_rate={MF_RATE_PER_EXAMPLE * MF_BATCH:g}",
+        "--row_regularization=0.0025",
+        "--num_neg=8",
+        "--train_epochs=64",
+    ),
 }
 ML1M_USERS, ML1M_ITEMS = 6040, 3706  # the throughput suite's tables (its --ratings)
 # Epochs of ML-1M-sized synthetic batches in our throughput rows by default: 16 x 76
@@ -651,7 +671,7 @@ def _paper_run(args, work: str, name: str, factors: int, seed: int, *flags: str)
 
 
 PAPER_HEADER = (
-    f"{'factors':>7} {'seed':>5} {'model':>10} {'epoch':>5} {'val HR':>7} {'test HR':>8} "
+    f"{'factors':>7} {'seed':>5} {'model':>14} {'epoch':>5} {'val HR':>7} {'test HR':>8} "
     f"{'test NDCG':>9} {'paper HR':>9} {'paper NDCG':>11} {'wall s':>7}"
 )
 
@@ -660,7 +680,7 @@ def _paper_row(factors, seed, model: str, summary: dict, paper_row: tuple | None
     """One run's line; `paper_row`: Table 2's (HR@10, NDCG@10), None where it has none."""
     paper_hr, paper_ndcg = (f"{value:.3f}" for value in paper_row) if paper_row else ("-", "-")
     return (
-        f"{factors:>7} {seed:>5} {model:>10} {summary['best_epoch']:>5} "
+        f"{factors:>7} {seed:>5} {model:>14} {summary['best_epoch']:>5} "
         f"{summary['best_hr']:>7.4f} {summary['test_hr']:>8.4f} {summary['test_ndcg']:>9.4f} "
         f"{paper_hr:>9} {paper_ndcg:>11} {seconds:>7.0f}"
     )
@@ -673,7 +693,7 @@ def _paper_mean_row(factors, model: str, summaries: list[dict], paper_row: tuple
     )
     side = "below" if mean_hr < paper_row[0] else "at or above"
     return (
-        f"{factors:>7} {'mean':>5} {model:>10} {'':>5} {'':>7} {mean_hr:>8.4f} "
+        f"{factors:>7} {'mean':>5} {model:>14} {'':>5} {'':>7} {mean_hr:>8.4f} "
         f"{mean_ndcg:>9.4f} {paper_row[0]:>9.3f} {paper_row[1]:>11.3f}   sd {sd_hr:.4f} / "
         f"{sd_ndcg:.4f}; test HR {mean_hr - paper_row[0]:+.4f}: {side} the paper"
     )
@@ -711,42 +731,56 @@ def paper(args, work: str) -> None:
 
 def pretrained(args, work: str) -> None:
     """The paper's pre-trained NeuMF (its section 3.4.1), each stage selected on
-    validation: a GMF and an MLP model trained alone (Adam), then NeuMF started from
-    both (alpha 0.5) and fine-tuned with plain SGD, the paper's switch, at each
-    --pretrain_learning_rate; the test holdout reported once per run, at its selected
-    epoch, and the learning rate chosen on mean validation HR@10 over the seeds."""
+    validation: an MLP model and each --pretrain_gmf_part (`PART_FLAGS`) trained alone,
+    then NeuMF started from the MLP and each GMF part (alpha 0.5) and fine-tuned with
+    plain SGD, the paper's switch, at each --pretrain_learning_rate; the test holdout
+    reported once per run, at its selected epoch, and the GMF part and rate chosen on
+    mean validation HR@10 over the seeds."""
     print(
-        "\nNCF paper protocol, pre-trained NeuMF (GMF and MLP alone, then NeuMF from both, "
-        "SGD); each run's epoch selected on validation, test reported once"
+        "\nNCF paper protocol, pre-trained NeuMF (GMF or MF and MLP alone, then NeuMF from "
+        "both, SGD); each run's epoch selected on validation, test reported once"
     )
     print(PAPER_HEADER)
+    settings = [
+        (part, rate) for part in args.pretrain_gmf_part for rate in args.pretrain_learning_rate
+    ]
     for factors in args.paper_factors:
         paper_row = PAPER_TABLE2_PRETRAINED[factors]
-        summaries = {rate: [] for rate in args.pretrain_learning_rate}
+        summaries = {setting: [] for setting in settings}
         for seed in args.paper_seed:
-            names = {model: f"pretrained{factors}_seed{seed}_{model}" for model in ("gmf", "mlp")}
-            for model, name in names.items():
-                summary, seconds = _paper_run(args, work, name, factors, seed, f"--model={model}")
-                print(_paper_row(factors, seed, model, summary, None, seconds))
-            for rate, runs in summaries.items():
+            model_dirs = {}
+            for part in ("mlp", *args.pretrain_gmf_part):
+                name = f"pretrained{factors}_seed{seed}_{part}"
+                summary, seconds = _paper_run(args, work, name, factors, seed, *PART_FLAGS[part])
+                model_dirs[part] = f"{work}/{name}"
+                print(_paper_row(factors, seed, part, summary, None, seconds))
+            for (part, rate), runs in summaries.items():
                 summary, seconds = _paper_run(
                     args,
                     work,
-                    f"pretrained{factors}_seed{seed}_neumf_sgd{rate:g}",
+                    f"pretrained{factors}_seed{seed}_neumf_{part}_sgd{rate:g}",
                     factors,
                     seed,
-                    f"--pretrain_gmf_dir={work}/{names['gmf']}",
-                    f"--pretrain_mlp_dir={work}/{names['mlp']}",
+                    f"--pretrain_gmf_dir={model_dirs[part]}",
+                    f"--pretrain_mlp_dir={model_dirs['mlp']}",
                     "--optimizer=sgd",
                     f"--learning_rate={rate}",
                 )
                 runs.append(summary)
-                print(_paper_row(factors, seed, f"sgd {rate:g}", summary, paper_row, seconds))
+                print(_paper_row(factors, seed, _setting(part, rate), summary, paper_row, seconds))
         chosen = chosen_on_validation(summaries)
-        print(_paper_mean_row(factors, f"sgd {chosen:g}", summaries[chosen], paper_row))
+        print(_paper_mean_row(factors, _setting(*chosen), summaries[chosen], paper_row))
         if len(summaries) > 1:
-            print(f"{'':>7} SGD learning rate {chosen:g} chosen on mean validation HR@10")
+            print(
+                f"{'':>7} GMF part and SGD rate ({_setting(*chosen)}) chosen on mean "
+                "validation HR@10"
+            )
     print(_paper_configuration(args) + "; NeuMF fine-tuned with SGD (constant rate), alpha 0.5")
+
+
+def _setting(part: str, rate: float) -> str:
+    """A pre-trained NeuMF's row label: its GMF part and fine-tuning rate."""
+    return f"{part}, sgd {rate:g}"
 
 
 def chosen_on_validation(runs_by_setting: dict) -> object:
@@ -863,6 +897,13 @@ def main() -> None:
         "default: 0.001, the paper code's), each fine-tuned from the same GMF and MLP "
         "models; the one with the best mean validation HR@10 is reported",
     )
+    parser.add_argument(
+        "--pretrain_gmf_part",
+        action="append",
+        choices=["gmf", "mf"],
+        help="how the pretrained suite trains NeuMF's GMF part (PART_FLAGS; default: "
+        "both, the one with the best mean validation HR@10 of its NeuMF is reported)",
+    )
     parser.add_argument("--paper_learning_rate_decay", type=float, default=1.0)
     parser.add_argument("--paper_decay_start_epoch", type=int, default=0)
     parser.add_argument(
@@ -904,6 +945,7 @@ def main() -> None:
     args.paper_factors = args.paper_factors or sorted(PAPER_TABLE2)
     args.paper_seed = args.paper_seed or [1, 2, 3]
     args.pretrain_learning_rate = args.pretrain_learning_rate or [0.001]
+    args.pretrain_gmf_part = args.pretrain_gmf_part or ["gmf", "mf"]
     if args.peer:
         subprocess.run(["bash", args.peer, "setup"], check=True, **peer_process())
         if args.ratings:

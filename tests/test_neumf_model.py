@@ -191,6 +191,42 @@ def test_padding_never_reaches_the_loss():
             variable.assign(value)  # undo the step so both runs start equal
 
 
+@pytest.mark.parametrize("kind", ["neumf", "mf"])
+def test_row_regularization_weighs_the_rows_of_each_valid_point(kind):
+    """loss = mean cross-entropy + lambda x mean(|user row|^2 + |item row|^2) over the
+    valid points: user 1's row counts twice (two points), the padding point's rows not
+    at all."""
+    strength = 0.25
+    params = _params(mlp_regularization=(0.0, 0.0, 0.0), row_regularization=strength)
+    params = dataclasses.replace(params, model_kind=kind)
+    state = neumf_model.build_state(params)
+    model = state.model
+    users, items = [1, 1, 3, 6], [2, 0, 3, 10]
+    logits = model(_features(users, items))[:, 0].numpy().astype(np.float64)
+    labels = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
+    user_rows, item_rows = (
+        table.embeddings.numpy().astype(np.float64)
+        for table in (model.user_embedding, model.item_embedding)
+    )
+    norms = [
+        (user_rows[u] ** 2).sum() + (item_rows[i] ** 2).sum()
+        for u, i in zip(users, items, strict=True)
+    ]
+    cross_entropy = np.logaddexp(0, logits) - labels * logits
+    expected = cross_entropy[:3].mean() + strength * np.mean(norms[:3])
+    spec = neumf_model.model_fn(
+        _features(users, items, [True, True, True, False]),
+        tf.constant(labels),
+        Mode.TRAIN,
+        params,
+        state,
+    )
+    assert float(spec.loss) == pytest.approx(expected, rel=1e-5)
+    # The summary's loss stays the cross-entropy alone.
+    summary = spec.summarize({key: float(value) for key, value in spec.metrics.items()})
+    assert summary["loss"] == pytest.approx(cross_entropy[:3].mean(), rel=1e-5)
+
+
 def _model_scoring_item_ids(params: ModelParams) -> neumf_model.NeuMF:
     """NeuMF whose logit for (any user, item i) is exactly i: no hidden MLP layer, and
     the output weighs only the item's MLP half, which holds the item id."""

@@ -17,7 +17,7 @@ from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.runner import Runner
 from recommendation import constants, data_pipeline, ncf_main, neumf_model
 
-GMF, MLP, NEUMF = "gmf", "mlp", "neumf"  # --model
+GMF, MLP, NEUMF, MF = "gmf", "mlp", "neumf", "mf"  # --model
 
 USERS, ITEMS = TINY_PARAMS.num_users, TINY_PARAMS.num_items
 # Every (user, item) pair, user-major.
@@ -89,6 +89,21 @@ def test_a_gmf_model_scores_w_dot_the_product_of_its_embeddings_plus_b():
     _assert_every_path_gives(model, _gmf_logits(_weights(model), PAIR_USERS, PAIR_ITEMS))
 
 
+def test_an_mf_model_is_a_dot_product_plus_b_whose_weights_stay_at_one(tmp_path):
+    """An MF model is a GMF model with its logit weights fixed at 1: the same weights in
+    the same places (so its checkpoint pretrains NeuMF's GMF part), training moves the
+    tables and the bias and never the weights."""
+    model = _source_run(tmp_path, MF).state.model  # trained 3 Adam steps
+    assert [tuple(w.shape) for w in model.weights] == [(USERS, 4), (ITEMS, 4), (4, 1), (1,)]
+    assert [v.path for v in model.trainable_variables] == [
+        v.path for i, v in enumerate(model.weights) if i != 2
+    ]
+    p, q, w, b = _weights(model)
+    np.testing.assert_array_equal(w, np.ones((4, 1)))
+    assert b[0] != 0.0  # trained from zero
+    _assert_every_path_gives(model, (p[PAIR_USERS] * q[PAIR_ITEMS]).sum(axis=1) + b[0])
+
+
 @pytest.mark.parametrize("layers", [(8, 4), (8, 6, 4), (8,)])
 def test_an_mlp_model_scores_its_tower(layers):
     model = _model(MLP, layers=layers, mlp_regularization=(0.0,) * len(layers))
@@ -96,7 +111,7 @@ def test_an_mlp_model_scores_its_tower(layers):
     _assert_every_path_gives(model, _mlp_logits(_weights(model), PAIR_USERS, PAIR_ITEMS))
 
 
-@pytest.mark.parametrize("kind", [GMF, MLP, NEUMF])
+@pytest.mark.parametrize("kind", [GMF, MLP, NEUMF, MF])
 def test_each_kind_survives_its_config(kind):
     model = _model(kind)
     restored = neumf_model.NeuMF.from_config(model.get_config())
@@ -177,13 +192,13 @@ def _neumf(
     return runner
 
 
-@pytest.mark.parametrize("split", ["test", "validation"])
-def test_pretrained_neumf_starts_as_alpha_gmf_plus_one_minus_alpha_mlp(tmp_path, split):
+@pytest.mark.parametrize("split, gmf_kind", [("test", GMF), ("validation", GMF), ("test", MF)])
+def test_pretrained_neumf_starts_as_alpha_gmf_plus_one_minus_alpha_mlp(tmp_path, split, gmf_kind):
     validation = split == "validation"
-    gmf = _weights(_source_run(tmp_path, GMF, best=validation).state.model)
+    gmf = _weights(_source_run(tmp_path, gmf_kind, best=validation).state.model)
     mlp = _weights(_source_run(tmp_path, MLP, best=validation).state.model)
     alpha = 0.3
-    neumf = _neumf(tmp_path, alpha, split).state.model
+    neumf = _neumf(tmp_path, alpha, split, gmf=gmf_kind).state.model
     expected = alpha * _gmf_logits(gmf, PAIR_USERS, PAIR_ITEMS) + (1 - alpha) * _mlp_logits(
         mlp, PAIR_USERS, PAIR_ITEMS
     )
@@ -227,7 +242,7 @@ def test_pretrained_neumf_starts_as_alpha_gmf_plus_one_minus_alpha_mlp(tmp_path,
             {},
             True,
             "--pretrain_gmf_dir {root}/mlp holds an MLP model ({root}/mlp/ckpt-3), not a GMF "
-            "one: give the model_dir of an ncf-main --model gmf run",
+            "one: give the model_dir of an ncf-main --model gmf or mf run",
         ),
     ],
 )
