@@ -354,9 +354,9 @@ NCF_FLAGS = (
         "row_regularization",
         "L2 weight on the embedding rows each training example looks up: every example "
         "adds it x (|user row|^2 + |item row|^2) to its loss, so a row is held back in "
-        "proportion to its use (per-example SGD matrix factorisation's L2, Rendle et al. "
-        "2020). With --optimizer sgd and --learning_rate = per-example rate x "
-        "--batch_size it is that SGD, reg = 2 x this.",
+        "proportion to its use, as per-example SGD matrix factorisation regularises "
+        "(Rendle et al. 2020, whose reg is twice this); --mf_regularization weighs whole "
+        "tables once a step.",
         field="model.row_regularization",
         checks=(NON_NEGATIVE,),
     ),

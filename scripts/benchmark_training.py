@@ -765,6 +765,7 @@ def pretrained(args, work: str) -> None:
                     f"--pretrain_mlp_dir={model_dirs['mlp']}",
                     "--optimizer=sgd",
                     f"--learning_rate={rate}",
+                    f"--train_epochs={args.pretrain_epochs or args.paper_epochs}",
                 )
                 runs.append(summary)
                 print(_paper_row(factors, seed, _setting(part, rate), summary, paper_row, seconds))
@@ -775,7 +776,13 @@ def pretrained(args, work: str) -> None:
                 f"{'':>7} GMF part and SGD rate ({_setting(*chosen)}) chosen on mean "
                 "validation HR@10"
             )
-    print(_paper_configuration(args) + "; NeuMF fine-tuned with SGD (constant rate), alpha 0.5")
+    print(
+        _paper_configuration(args) + f"; NeuMF fine-tuned with SGD (constant rate) for "
+        f"{args.pretrain_epochs or args.paper_epochs} epochs, alpha 0.5; the parts: "
+        + "; ".join(
+            f"{part} {' '.join(PART_FLAGS[part])}" for part in ("mlp", *args.pretrain_gmf_part)
+        )
+    )
 
 
 def _setting(part: str, rate: float) -> str:
@@ -896,6 +903,11 @@ def main() -> None:
         help="SGD learning rate(s) of the pre-trained NeuMF (the pretrained suite; "
         "default: 0.001, the paper code's), each fine-tuned from the same GMF and MLP "
         "models; the one with the best mean validation HR@10 is reported",
+    )
+    parser.add_argument(
+        "--pretrain_epochs",
+        type=int,
+        help="epochs of the pre-trained NeuMF's fine-tuning (default: --paper_epochs)",
     )
     parser.add_argument(
         "--pretrain_gmf_part",
