@@ -25,7 +25,10 @@ Suites (each prints a table; both systems run on this machine, in this run):
     python scripts/benchmark_training.py --suite throughput --suite time_to_target \
         --ratings ../shared/data/ml-1m/ratings.dat --peer ../shared/peer/ncf_official.sh
     python scripts/benchmark_training.py --suite paper --suite pretrained \
-        --ncf_dir ../shared/data/ncf
+        --ncf_dir ../shared/data/ncf --log_dir /tmp/paper
+
+The paper, pretrained and convergence suites train for hours; stopped part way, the
+same command with ``--resume`` goes on from the runs that --log_dir holds finished.
 """
 
 from __future__ import annotations
@@ -580,7 +583,10 @@ def convergence(args, work: str) -> None:
     for seed in range(1, args.convergence_seeds + 1):
         name = f"convergence_seed{seed}"
         log_file = os.path.join(logs, f"seed{seed:02d}.log")
-        seconds, _ = _ours(
+        seconds = _run_or_resume(
+            args,
+            work,
+            name,
             [
                 "--dataset=ml-1m",
                 f"--data_dir={data_dir}",
@@ -591,9 +597,7 @@ def convergence(args, work: str) -> None:
                 "--output_ml_perf_compliance_logging",
                 f"--mlperf_log_file={log_file}",
                 "--nomlperf_clear_caches",
-                f"--benchmark_log_dir={work}/{name}",
             ],
-            f"{work}/{name}.log",
         )
         records = _records(f"{work}/{name}/benchmark.jsonl")
         rates = [record["hr"] for record in records if record.get("kind") == "evaluation"]
@@ -639,7 +643,10 @@ def _paper_run(args, work: str, name: str, factors: int, seed: int, *flags: str)
     --paper_* options and `flags` after them (a later flag wins); returns (its summary,
     wall seconds)."""
     layers = paper_layers(factors, args.paper_tower)
-    seconds, _ = _ours(
+    seconds = _run_or_resume(
+        args,
+        work,
+        name,
         [
             "--dataset=ncf-ml-1m",
             f"--data_dir={os.path.dirname(args.ncf_dir)}",
@@ -662,10 +669,8 @@ def _paper_run(args, work: str, name: str, factors: int, seed: int, *flags: str)
             "--batches_per_step=32",
             "--enable_xla",
             f"--seed={seed}",
-            f"--benchmark_log_dir={work}/{name}",
             *flags,
         ],
-        f"{work}/{name}.log",
     )
     return _last_summary(f"{work}/{name}/benchmark.jsonl"), seconds
 
@@ -824,6 +829,71 @@ def wall_time_parts(wall_seconds: float, summary: dict, records: list[dict]) -> 
     }
 
 
+def _run_or_resume(args, work: str, name: str, flags: list[str]) -> float:
+    """Runs ncf-main with `flags` as the run `name` (its benchmark log in work/name, its
+    output in work/name.log); returns its wall seconds. With --resume, a run that
+    finished before with the same flags is reused instead: its seconds are the ones its
+    benchmark log measured (training and evaluation, without the process start)."""
+    flags = [*flags, f"--benchmark_log_dir={work}/{name}"]
+    if args.resume:
+        summary = finished_run(f"{work}/{name}/benchmark.jsonl", flags)
+        if summary is not None:
+            print(f"--resume: {name} finished before with these flags; reused", file=sys.stderr)
+            return summary["total_seconds"]
+    return _ours(flags, f"{work}/{name}.log")[0]
+
+
+def finished_run(benchmark_log: str, flags: list[str]) -> dict | None:
+    """The summary of the ncf-main run that wrote `benchmark_log`, if it finished and
+    every one of `flags` holds in its run_info record; otherwise None (no log, a run
+    that was stopped, other flag values)."""
+    try:
+        records = _records(benchmark_log)
+    except (OSError, ValueError):  # no log, or a line cut short by a kill
+        return None
+    starts = [i for i, record in enumerate(records) if record.get("kind") == "run_info"]
+    if not starts:
+        return None
+    recorded = records[starts[-1]]["flags"]
+    summaries = [r for r in records[starts[-1] :] if r.get("kind") == "summary"]
+    latest = {_flag_name(recorded, flag): flag for flag in flags}  # a later flag wins
+    if not summaries or not all(_flag_holds(recorded, flag) for flag in latest.values()):
+        return None
+    return summaries[-1]
+
+
+def _flag_name(recorded: dict, flag: str) -> str:
+    """The flag that `flag` sets: ``--noname`` sets ``name``."""
+    name, has_value, _ = flag.removeprefix("--").partition("=")
+    if not has_value and name not in recorded and name.startswith("no"):
+        return name[2:]
+    return name
+
+
+def _flag_holds(recorded: dict, flag: str) -> bool:
+    """Whether the command-line `flag` (``--name=value``, ``--name`` or ``--noname``)
+    gives the value that `recorded` (absl's flag values, as the benchmark log holds
+    them) has."""
+    name, has_value, value = flag.removeprefix("--").partition("=")
+    if not has_value:
+        if name in recorded:
+            return recorded[name] is True
+        return name.startswith("no") and recorded.get(name[2:]) is False
+    if name not in recorded:
+        return False
+    held = recorded[name]
+    if isinstance(held, bool):
+        return value.lower() in (("true", "1") if held else ("false", "0"))
+    if isinstance(held, list):
+        return ",".join(map(str, held)) == value
+    if isinstance(held, (int, float)):
+        try:
+            return float(value) == held
+        except ValueError:
+            return False
+    return str(held) == value
+
+
 def _records(path: str) -> list[dict]:
     with open(path) as log:
         return [json.loads(line) for line in log]
@@ -863,6 +933,13 @@ def main() -> None:
         "--log_dir",
         help="keep every run's log and model here (default: a "
         "temporary folder, deleted at the end)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse each training run of the paper, pretrained and convergence suites "
+        "that --log_dir holds finished with the same flags (a suite stopped part way "
+        "goes on from there); a reused run's seconds are its benchmark log's",
     )
     parser.add_argument(
         "--throughput_epochs",
@@ -953,6 +1030,8 @@ def main() -> None:
         help="the paper used 256; larger batches keep this CPU run short",
     )
     args = parser.parse_args()
+    if args.resume and not args.log_dir:
+        parser.error("--resume needs --log_dir, the folder of the runs to go on from")
     args.peer_learning_rate = args.peer_learning_rate or [0.001]
     args.paper_factors = args.paper_factors or sorted(PAPER_TABLE2)
     args.paper_seed = args.paper_seed or [1, 2, 3]

@@ -6,6 +6,8 @@ are in docs/benchmarks.md); these checks pin the towers and the FLOP count they 
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 
 import pytest
@@ -184,3 +186,85 @@ def test_repeated_throughput_runs_take_turns(script):
     results = script.alternated_runs({"ours": side("ours"), "old": side("old")}, 3)
     assert calls == [("ours", 0), ("old", 0), ("ours", 1), ("old", 1), ("ours", 2), ("old", 2)]
     assert results == {"ours": [10, 4, 10], "old": [10, 4, 10]}
+
+
+def _benchmark_log(path, *runs):
+    """A benchmark log of ncf-main `runs`: (recorded flags, finished)."""
+    with open(path, "w") as log:
+        for flags, finished in runs:
+            log.write(json.dumps({"kind": "run_info", "flags": flags}) + "\n")
+            log.write(json.dumps({"kind": "evaluation", "epoch": 0, "hr": 0.5}) + "\n")
+            if finished:
+                log.write(json.dumps({"kind": "summary", "best_hr": 0.5, "total_seconds": 9.5}))
+                log.write("\n")
+
+
+RECORDED = {
+    "dataset": "ncf-ml-1m",
+    "learning_rate": 0.008,
+    "layers": ["64", "32"],
+    "enable_xla": True,
+    "clean": True,
+    "sparse_embedding_updates": False,
+    "seed": 1,
+}
+# The same values as a command line gives them; the first learning rate is overridden.
+FLAGS = ["--dataset=ncf-ml-1m", "--learning_rate=0.001", "--layers=64,32", "--enable_xla"]
+FLAGS += ["--clean", "--sparse_embedding_updates=False", "--seed=1", "--learning_rate=0.008"]
+
+
+def test_resume_reuses_a_finished_run_only_with_the_same_flags(script, tmp_path):
+    log = tmp_path / "benchmark.jsonl"
+    _benchmark_log(log, (RECORDED, True))
+    assert script.finished_run(str(log), FLAGS) == {
+        "kind": "summary",
+        "best_hr": 0.5,
+        "total_seconds": 9.5,
+    }
+    for other in (
+        "--seed=2",
+        "--noenable_xla",
+        "--noclean",
+        "--layers=64,16",
+        "--learning_rate=0.001",
+        "--sparse_embedding_updates=True",
+        "--dataset=ml-1m",
+        "--num_neg=8",  # a flag the run did not record
+    ):
+        assert script.finished_run(str(log), [*FLAGS, other]) is None, other
+
+
+def test_resume_runs_again_what_did_not_finish(script, tmp_path):
+    log = tmp_path / "benchmark.jsonl"
+    assert script.finished_run(str(log), FLAGS) is None  # never started
+    _benchmark_log(log, (RECORDED, False))
+    assert script.finished_run(str(log), FLAGS) is None  # stopped before its summary
+    _benchmark_log(log, (RECORDED, True), (RECORDED, False))
+    assert script.finished_run(str(log), FLAGS) is None  # a later run in the log stopped
+    _benchmark_log(log, (RECORDED, True))
+    with open(log, "a") as cut:
+        cut.write('{"kind": "evalua')  # a line cut short by a kill
+    assert script.finished_run(str(log), FLAGS) is None
+
+
+def test_resume_runs_only_the_runs_it_cannot_reuse(script, tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(script, "_ours", lambda flags, log_path: (ran.append(log_path), 3.0)[1:])
+    os.makedirs(tmp_path / "finished")
+    recorded = {**RECORDED, "benchmark_log_dir": f"{tmp_path}/finished"}
+    _benchmark_log(tmp_path / "finished" / "benchmark.jsonl", (recorded, True))
+    work = str(tmp_path)
+    resume, no_resume = argparse.Namespace(resume=True), argparse.Namespace(resume=False)
+    assert script._run_or_resume(resume, work, "finished", FLAGS) == 9.5  # its log's seconds
+    assert ran == []
+    assert script._run_or_resume(resume, work, "other", FLAGS) == 3.0
+    assert script._run_or_resume(no_resume, work, "finished", FLAGS) == 3.0
+    assert ran == [f"{work}/other.log", f"{work}/finished.log"]
+
+
+def test_resume_needs_a_log_dir(script, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["benchmark_training.py", "--suite=paper", "--resume"])
+    with pytest.raises(SystemExit) as exit_info:
+        script.main()
+    assert exit_info.value.code == 2
+    assert "--resume needs --log_dir" in capsys.readouterr().err
