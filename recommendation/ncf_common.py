@@ -374,9 +374,16 @@ NCF_FLAGS = (
     FlagSpec(
         "embedding_init",
         "Embedding-table initialiser: glorot_uniform (the MLPerf reference) or normal "
-        "(N(0, 0.01^2), the NCF paper's code).",
+        "(N(0, --embedding_stddev^2)).",
         field="model.embedding_init",
         choices=tuple(EMBEDDING_INITS),
+    ),
+    FlagSpec(
+        "embedding_stddev",
+        "Standard deviation of --embedding_init normal: 0.01, the NCF paper's code's; "
+        "Rendle et al.'s SGD matrix factorisation starts from 0.1.",
+        field="model.embedding_stddev",
+        checks=(POSITIVE,),
     ),
     NUM_NEG,
     FlagSpec(
@@ -482,6 +489,15 @@ NCF_FLAGS = (
         lambda values: not (values["weight_decay"] and values["sparse_embedding_updates"]),
         "--weight_decay shrinks every embedding row each step: it needs dense "
         "updates (drop --sparse_embedding_updates)",
+    ),
+    Rule(
+        ("embedding_init", "embedding_stddev"),
+        lambda values: (
+            values["embedding_init"] == "normal"
+            or values["embedding_stddev"] == ModelParams.embedding_stddev
+        ),
+        "--embedding_stddev is the spread of --embedding_init normal: add --embedding_init "
+        "normal, or drop --embedding_stddev",
     ),
     Rule(
         ("layers", "mlp_regularization"),

@@ -51,7 +51,9 @@ class ModelParams:
         mlp_regularization: L2 weight of each MLP layer (entry 0 is unused, as in the
             reference: layer 0 is the embedding concatenation).
         embedding_init: ``glorot_uniform`` (the MLPerf reference) or ``normal``
-            (N(0, 0.01^2), the NCF paper's code) for the embedding tables.
+            (N(0, embedding_stddev^2)) for the embedding tables.
+        embedding_stddev: The spread of ``normal``: 0.01 is the NCF paper's code's,
+            0.1 Rendle et al.'s for SGD matrix factorisation.
         learning_rate: The optimiser's rate.
         beta1, beta2, epsilon: Adam's.
         weight_decay: Decoupled weight decay (AdamW): every step shrinks each weight
@@ -81,6 +83,7 @@ class ModelParams:
     row_regularization: float = 0.0
     mlp_regularization: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
     embedding_init: str = "glorot_uniform"
+    embedding_stddev: float = 0.01
     learning_rate: float = 0.001
     beta1: float = 0.9
     beta2: float = 0.999
@@ -117,6 +120,16 @@ class ModelParams:
                 f"embedding_init must be one of {sorted(EMBEDDING_INITS)}, "
                 f"got {self.embedding_init!r}"
             )
+        if not self.embedding_stddev > 0:
+            raise ValueError(f"embedding_stddev must be > 0, got {self.embedding_stddev}")
+        if (
+            self.embedding_init != "normal"
+            and self.embedding_stddev != ModelParams.embedding_stddev
+        ):
+            raise ValueError(
+                f"embedding_stddev is the spread of the normal initialiser; "
+                f"{self.embedding_init!r} has none of its own"
+            )
         if self.model_kind not in MODEL_KINDS:
             raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {self.model_kind!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -125,9 +138,9 @@ class ModelParams:
 
 # Embedding-table initialisers by name: the MLPerf reference's, and the NCF paper
 # code's (Keras 1 ``normal`` with scale 0.01).
-EMBEDDING_INITS = {
-    "glorot_uniform": lambda: keras.initializers.GlorotUniform(),
-    "normal": lambda: keras.initializers.RandomNormal(stddev=0.01),
+EMBEDDING_INITS = {  # name: initializer of the given normal spread
+    "glorot_uniform": lambda stddev: keras.initializers.GlorotUniform(),
+    "normal": lambda stddev: keras.initializers.RandomNormal(stddev=stddev),
 }
 
 
@@ -171,6 +184,7 @@ class NeuMF(keras.Model):
         mf_regularization: L2 on the tables made here.
         mlp_regularization: L2 per MLP layer.
         embedding_init: A name in `EMBEDDING_INITS`, for the tables made here.
+        embedding_stddev: The spread of the ``normal`` one.
         model_kind: One of `MODEL_KINDS`.
         user_embedding, item_embedding: Given tables: layers taking `(batch,)` ids to
             `(batch, table_width(mf_dim, layers))` rows, with their own sizes,
@@ -192,12 +206,13 @@ class NeuMF(keras.Model):
         mlp_regularization: tuple[float, ...] = ModelParams.mlp_regularization,
         embedding_init: str = ModelParams.embedding_init,
         model_kind: str = ModelParams.model_kind,
+        embedding_stddev: float = ModelParams.embedding_stddev,
         user_embedding: keras.layers.Layer | None = None,
         item_embedding: keras.layers.Layer | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.embedding_init = embedding_init
+        self.embedding_init, self.embedding_stddev = embedding_init, float(embedding_stddev)
         self.num_users, self.num_items, self.mf_dim = num_users, num_items, mf_dim
         self.layer_sizes = tuple(int(width) for width in layers)
         self.mf_regularization = float(mf_regularization)
@@ -260,7 +275,7 @@ class NeuMF(keras.Model):
         return keras.layers.Embedding(
             count,
             width,
-            embeddings_initializer=EMBEDDING_INITS[self.embedding_init](),
+            embeddings_initializer=EMBEDDING_INITS[self.embedding_init](self.embedding_stddev),
             embeddings_regularizer=keras.regularizers.L2(self.mf_regularization)
             if self.mf_regularization
             else None,
@@ -443,6 +458,7 @@ class NeuMF(keras.Model):
             mf_regularization=self.mf_regularization,
             mlp_regularization=self.mlp_regularization,
             embedding_init=self.embedding_init,
+            embedding_stddev=self.embedding_stddev,
             model_kind=self.model_kind,
         )
         for key, count in (("user_embedding", self.num_users), ("item_embedding", self.num_items)):
@@ -558,6 +574,7 @@ def build_model(params: ModelParams) -> NeuMF:
         params.mlp_regularization,
         params.embedding_init,
         params.model_kind,
+        params.embedding_stddev,
     )
     model(
         {

@@ -67,6 +67,8 @@ def test_model_garden_command_line_still_parses():
         (["--learning_rate_decay=1.5"], r"--learning_rate_decay must be in \(0, 1\]"),
         (["--decay_start_epoch=-1"], "--decay_start_epoch must not be negative"),
         (["--embedding_init=zeros"], "value should be one of"),
+        (["--embedding_stddev=0"], "--embedding_stddev must be a positive number"),
+        (["--embedding_stddev=0.1"], "add --embedding_init normal, or drop --embedding_stddev"),
         (["--weight_decay=-0.1"], "--weight_decay must not be negative"),
         (
             ["--weight_decay=0.1", "--sparse_embedding_updates"],
@@ -162,6 +164,7 @@ _CONTEXT = {
     name: ["--dataset=generic", "--ratings_file=/r.csv"]
     for name in ("user_column", "item_column", "timestamp_column", "csv_separator")
 }
+_CONTEXT["embedding_stddev"] = ["--embedding_init=normal"]
 
 
 def _config_without_flag_values(*args: str) -> ncf_common.NcfConfig:

@@ -113,8 +113,15 @@ def test_embedding_initialisers():
     paper = dataclasses.replace(params, embedding_init="normal")
     normal = neumf_model.build_model(paper).user_embedding.embeddings.numpy()
     assert abs(normal.std() - 0.01) < 3e-4 and abs(normal.mean()) < 3e-4
+    wide = dataclasses.replace(paper, embedding_stddev=0.1)
+    normal = neumf_model.build_model(wide).user_embedding.embeddings.numpy()
+    assert abs(normal.std() - 0.1) < 3e-3 and abs(normal.mean()) < 3e-3
     with pytest.raises(ValueError, match="embedding_init must be one of"):
         _params(embedding_init="zeros")
+    with pytest.raises(ValueError, match="embedding_stddev must be > 0"):
+        _params(embedding_init="normal", embedding_stddev=0.0)
+    with pytest.raises(ValueError, match="'glorot_uniform' has none of its own"):
+        _params(embedding_stddev=0.1)
 
 
 def test_gmf_block_rejects_mismatched_widths():
@@ -123,14 +130,14 @@ def test_gmf_block_rejects_mismatched_widths():
 
 
 def test_model_serialization_round_trip(tmp_path):
-    model = neumf_model.build_model(_params(embedding_init="normal"))
+    model = neumf_model.build_model(_params(embedding_init="normal", embedding_stddev=0.1))
     features = _features([0, 3, 6], [1, 10, 5])
     path = str(tmp_path / "neumf.keras")
     model.save(path)
     restored = keras.saving.load_model(path)
     np.testing.assert_allclose(restored(features), model(features), rtol=1e-6)
     assert restored.layer_sizes == (8, 6, 4) and restored.mf_dim == 4
-    assert restored.embedding_init == "normal"
+    assert (restored.embedding_init, restored.embedding_stddev) == ("normal", 0.1)
 
 
 def test_given_tables_are_used_and_saved_with_the_model(tmp_path):

@@ -190,6 +190,7 @@ class OnlineNeuMF(neumf_model.NeuMF):
             "num_items",
             "mf_regularization",
             "embedding_init",
+            "embedding_stddev",
             "user_embedding",
             "item_embedding",
         ):
