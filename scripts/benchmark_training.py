@@ -844,13 +844,19 @@ def _run_or_resume(args, work: str, name: str, flags: list[str]) -> float:
 
 
 def finished_run(benchmark_log: str, flags: list[str]) -> dict | None:
-    """The summary of the ncf-main run that wrote `benchmark_log`, if it finished and
-    every one of `flags` holds in its run_info record; otherwise None (no log, a run
-    that was stopped, other flag values)."""
+    """The summary of the ncf-main run that wrote `benchmark_log`, if it finished after
+    every run whose folder a flag names (a pre-trained part: retrained, it makes this
+    run stale) and every one of `flags` holds in its run_info record; otherwise None
+    (no log, a run that was stopped, a stale run, other flag values)."""
     try:
         records = _records(benchmark_log)
+        finished_at = os.path.getmtime(benchmark_log)
     except (OSError, ValueError):  # no log, or a line cut short by a kill
         return None
+    for flag in flags:
+        other_log = os.path.join(flag.partition("=")[2], "benchmark.jsonl")
+        if os.path.isfile(other_log) and os.path.getmtime(other_log) > finished_at:
+            return None
     starts = [i for i, record in enumerate(records) if record.get("kind") == "run_info"]
     if not starts:
         return None

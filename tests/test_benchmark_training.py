@@ -247,6 +247,21 @@ def test_resume_runs_again_what_did_not_finish(script, tmp_path):
     assert script.finished_run(str(log), FLAGS) is None
 
 
+def test_resume_runs_again_a_run_whose_pretrained_part_was_trained_again(script, tmp_path):
+    part, run = tmp_path / "part", tmp_path / "run"
+    os.makedirs(part)
+    os.makedirs(run)
+    recorded = {**RECORDED, "pretrain_mlp_dir": str(part)}
+    flags = [*FLAGS, f"--pretrain_mlp_dir={part}"]
+    _benchmark_log(part / "benchmark.jsonl", (RECORDED, True))
+    _benchmark_log(run / "benchmark.jsonl", (recorded, True))
+    os.utime(part / "benchmark.jsonl", (1000, 1000))
+    os.utime(run / "benchmark.jsonl", (2000, 2000))
+    assert script.finished_run(str(run / "benchmark.jsonl"), flags) is not None
+    os.utime(part / "benchmark.jsonl", (3000, 3000))  # the part finished again since
+    assert script.finished_run(str(run / "benchmark.jsonl"), flags) is None
+
+
 def test_resume_runs_only_the_runs_it_cannot_reuse(script, tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(script, "_ours", lambda flags, log_path: (ran.append(log_path), 3.0)[1:])
