@@ -63,12 +63,10 @@ PAPER_TABLE2_PRETRAINED = {
 # plain SGD at 0.008 per example (x the batch: ncf-main's loss is a batch mean), their
 # per-example L2 of 0.005 (--row_regularization is half of it: Keras' L2 convention),
 # 8 negatives, 64 epochs; the rate, L2 and epochs chosen on validation (docs/benchmarks.md).
-# ``mlp``: the paper's MLP with the same kind of L2 on the rows each example looks up,
-# 10 epochs (chosen on validation over 0, 1e-4 and 1e-3, seed 1).
 MF_BATCH, MF_RATE_PER_EXAMPLE = 8192, 0.008
 PART_FLAGS = {
     "gmf": ("--model=gmf",),
-    "mlp": ("--model=mlp", "--row_regularization=0.001", "--train_epochs=10"),
+    "mlp": ("--model=mlp",),
     "mf": (
         "--model=mf",
         "--optimizer=sgd",

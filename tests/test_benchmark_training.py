@@ -122,8 +122,9 @@ def test_the_fine_tuning_rate_is_chosen_on_validation_alone(script):
     assert script.chosen_on_validation({0.5: runs[0.01], 0.2: runs[0.01]}) == 0.5
 
 
-def _part_config(script, part: str):
-    """ncf-main's config for the pretrained suite's `part` after the paper's flags."""
+def test_the_mf_part_overrides_the_paper_flags_with_its_recipe(script):
+    # After the paper protocol's flags (a later flag wins), the MF part is SGD at 0.008 per
+    # example: a rate of 0.008 x the batch on ncf-main's batch-mean loss.
     from absl import flags
 
     from recommendation import ncf_common
@@ -132,27 +133,13 @@ def _part_config(script, part: str):
     ncf_common.define_ncf_flags(flag_values)
     paper = ["--dataset=ncf-ml-1m", "--num_factors=64", "--layers=512,256,128,64"]
     paper += ["--mlp_regularization=0,0,0,0", "--batch_size=1024", "--learning_rate=0.001"]
-    flag_values(["ncf_main", *paper, "--num_neg=4", "--train_epochs=20", *script.PART_FLAGS[part]])
-    return ncf_common.ncf_config_from_flags(flag_values)
-
-
-def test_the_mf_part_overrides_the_paper_flags_with_its_recipe(script):
-    # After the paper protocol's flags (a later flag wins), the MF part is SGD at 0.008 per
-    # example: a rate of 0.008 x the batch on ncf-main's batch-mean loss.
-    config = _part_config(script, "mf")
+    flag_values(["ncf_main", *paper, "--num_neg=4", "--train_epochs=20", *script.PART_FLAGS["mf"]])
+    config = ncf_common.ncf_config_from_flags(flag_values)
     model = config.model
     assert (model.model_kind, model.optimizer, model.mf_dim) == ("mf", "sgd", 64)
     assert (config.batch_size, config.num_neg, config.train_epochs) == (8192, 8, 64)
     assert model.learning_rate == pytest.approx(0.008 * config.batch_size)
     assert model.row_regularization == 0.0025
-
-
-def test_the_mlp_part_is_the_papers_mlp_with_row_l2(script):
-    config = _part_config(script, "mlp")
-    model = config.model
-    assert (model.model_kind, model.optimizer, model.learning_rate) == ("mlp", "adam", 0.001)
-    assert (config.batch_size, config.num_neg, config.train_epochs) == (1024, 4, 10)
-    assert (model.layers, model.row_regularization) == ((512, 256, 128, 64), 0.001)
 
 
 def test_the_peer_runs_without_our_pythonpath(script, tmp_path, monkeypatch):
