@@ -862,32 +862,28 @@ def finished_run(benchmark_log: str, flags: list[str]) -> dict | None:
         return None
     recorded = records[starts[-1]]["flags"]
     summaries = [r for r in records[starts[-1] :] if r.get("kind") == "summary"]
-    latest = {_flag_name(recorded, flag): flag for flag in flags}  # a later flag wins
-    if not summaries or not all(_flag_holds(recorded, flag) for flag in latest.values()):
+    latest = dict(_flag_setting(recorded, flag) for flag in flags)  # a later flag wins
+    if not summaries or not all(
+        name in recorded and _value_holds(recorded[name], value) for name, value in latest.items()
+    ):
         return None
     return summaries[-1]
 
 
-def _flag_name(recorded: dict, flag: str) -> str:
-    """The flag that `flag` sets: ``--noname`` sets ``name``."""
-    name, has_value, _ = flag.removeprefix("--").partition("=")
-    if not has_value and name not in recorded and name.startswith("no"):
-        return name[2:]
-    return name
-
-
-def _flag_holds(recorded: dict, flag: str) -> bool:
-    """Whether the command-line `flag` (``--name=value``, ``--name`` or ``--noname``)
-    gives the value that `recorded` (absl's flag values, as the benchmark log holds
-    them) has."""
+def _flag_setting(recorded: dict, flag: str) -> tuple[str, str]:
+    """(the flag that the command-line `flag` sets, the value it gives, as text):
+    ``--name=value``; ``--name`` gives true; ``--noname``, for a boolean ``name`` that
+    `recorded` holds, false."""
     name, has_value, value = flag.removeprefix("--").partition("=")
-    if not has_value:
-        if name in recorded:
-            return recorded[name] is True
-        return name.startswith("no") and recorded.get(name[2:]) is False
-    if name not in recorded:
-        return False
-    held = recorded[name]
+    if has_value:
+        return name, value
+    if name not in recorded and name.startswith("no"):
+        return name[2:], "false"
+    return name, "true"
+
+
+def _value_holds(held: object, value: str) -> bool:
+    """Whether the text `value` gives `held`, a flag's value as absl records it."""
     if isinstance(held, bool):
         return value.lower() in (("true", "1") if held else ("false", "0"))
     if isinstance(held, list):
