@@ -22,6 +22,10 @@ Suites (each prints a table; both systems run on this machine, in this run):
   and an MLP model trained alone, then NeuMF started from both and fine-tuned with SGD,
   each selected on validation, beside Table 2's pre-trained row.
 
+With ``--refit`` the paper and pretrained suites also train each reported configuration
+again on all training data, the validation items back in (the paper trained on them),
+for the epochs that validation selected, and report that model's test HR once.
+
     python scripts/benchmark_training.py --suite throughput --suite time_to_target \
         --ratings ../shared/data/ml-1m/ratings.dat --peer ../shared/peer/ncf_official.sh
     python scripts/benchmark_training.py --suite paper --suite pretrained \
@@ -45,6 +49,7 @@ import tempfile
 import time
 
 from official.utils.misc import machine  # no TensorFlow import
+from recommendation.constants import TEST_SPLIT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]
@@ -727,10 +732,20 @@ def paper(args, work: str) -> None:
     for factors in args.paper_factors:
         summaries = []
         for seed in args.paper_seed:
-            summary, seconds = _paper_run(args, work, f"paper{factors}_seed{seed}", factors, seed)
+            name = f"paper{factors}_seed{seed}"
+            summary, seconds = _paper_run(args, work, name, factors, seed)
             summaries.append(summary)
             print(_paper_row(factors, seed, "neumf", summary, PAPER_TABLE2[factors], seconds))
         print(_paper_mean_row(factors, "neumf", summaries, PAPER_TABLE2[factors]))
+        if args.refit:
+            print(REFIT_HEADING)
+            refits = []
+            for seed, selected in zip(args.paper_seed, summaries, strict=True):
+                name = f"paper{factors}_seed{seed}"
+                refit, seconds = _refit_run(args, work, name, factors, seed, selected)
+                refits.append(refit)
+                print(_paper_row(factors, seed, "neumf", refit, PAPER_TABLE2[factors], seconds))
+            print(_paper_mean_row(factors, "neumf", refits, PAPER_TABLE2[factors]))
     print(_paper_configuration(args))
 
 
@@ -752,25 +767,21 @@ def pretrained(args, work: str) -> None:
     for factors in args.paper_factors:
         paper_row = PAPER_TABLE2_PRETRAINED[factors]
         summaries = {setting: [] for setting in settings}
+        parts = {}  # (seed, part): the part's validation-selected run
         for seed in args.paper_seed:
-            model_dirs = {}
             for part in ("mlp", *args.pretrain_gmf_part):
-                name = f"pretrained{factors}_seed{seed}_{part}"
+                name = _part_name(factors, seed, part)
                 summary, seconds = _paper_run(args, work, name, factors, seed, *PART_FLAGS[part])
-                model_dirs[part] = f"{work}/{name}"
+                parts[seed, part] = summary
                 print(_paper_row(factors, seed, part, summary, None, seconds))
             for (part, rate), runs in summaries.items():
                 summary, seconds = _paper_run(
                     args,
                     work,
-                    f"pretrained{factors}_seed{seed}_neumf_{part}_sgd{rate:g}",
+                    _pretrained_name(factors, seed, part, rate),
                     factors,
                     seed,
-                    f"--pretrain_gmf_dir={model_dirs[part]}",
-                    f"--pretrain_mlp_dir={model_dirs['mlp']}",
-                    "--optimizer=sgd",
-                    f"--learning_rate={rate}",
-                    f"--train_epochs={args.pretrain_epochs or args.paper_epochs}",
+                    *_fine_tuning_flags(args, work, factors, seed, part, rate),
                 )
                 runs.append(summary)
                 print(_paper_row(factors, seed, _setting(part, rate), summary, paper_row, seconds))
@@ -781,6 +792,29 @@ def pretrained(args, work: str) -> None:
                 f"{'':>7} GMF part and SGD rate ({_setting(*chosen)}) chosen on mean "
                 "validation HR@10"
             )
+        if args.refit:
+            print(REFIT_HEADING)
+            refits = []
+            for seed, selected in zip(args.paper_seed, summaries[chosen], strict=True):
+                part, rate = chosen
+                for each in ("mlp", part):
+                    name = _part_name(factors, seed, each)
+                    refit, seconds = _refit_run(
+                        args, work, name, factors, seed, parts[seed, each], *PART_FLAGS[each]
+                    )
+                    print(_paper_row(factors, seed, each, refit, None, seconds))
+                refit, seconds = _refit_run(
+                    args,
+                    work,
+                    _pretrained_name(factors, seed, part, rate),
+                    factors,
+                    seed,
+                    selected,
+                    *_fine_tuning_flags(args, work, factors, seed, part, rate, REFIT_SUFFIX),
+                )
+                refits.append(refit)
+                print(_paper_row(factors, seed, _setting(part, rate), refit, paper_row, seconds))
+            print(_paper_mean_row(factors, _setting(*chosen), refits, paper_row))
     print(
         _paper_configuration(args) + f"; NeuMF fine-tuned with SGD (constant rate) for "
         f"{args.pretrain_epochs or args.paper_epochs} epochs, alpha 0.5; the parts: "
@@ -788,6 +822,60 @@ def pretrained(args, work: str) -> None:
             f"{part} {' '.join(PART_FLAGS[part])}" for part in ("mlp", *args.pretrain_gmf_part)
         )
     )
+
+
+def _part_name(factors: int, seed: int, part: str) -> str:
+    return f"pretrained{factors}_seed{seed}_{part}"
+
+
+def _pretrained_name(factors: int, seed: int, part: str, rate: float) -> str:
+    return f"pretrained{factors}_seed{seed}_neumf_{part}_sgd{rate:g}"
+
+
+def _fine_tuning_flags(
+    args, work: str, factors: int, seed: int, part: str, rate: float, suffix: str = ""
+) -> tuple[str, ...]:
+    """NeuMF started from the MLP part and the GMF `part` of `seed` (their runs' names
+    + `suffix`) and fine-tuned with plain SGD at `rate`, the paper's switch."""
+    return (
+        f"--pretrain_gmf_dir={work}/{_part_name(factors, seed, part)}{suffix}",
+        f"--pretrain_mlp_dir={work}/{_part_name(factors, seed, 'mlp')}{suffix}",
+        "--optimizer=sgd",
+        f"--learning_rate={rate}",
+        f"--train_epochs={args.pretrain_epochs or args.paper_epochs}",
+    )
+
+
+REFIT_SUFFIX = "_refit"
+REFIT_HEADING = (
+    f"{'':>7} --refit: each run above trained again on all training data (its validation "
+    "items back in) for its selected epochs, test reported once at the end"
+)
+
+
+def _refit_run(
+    args, work: str, name: str, factors: int, seed: int, selected: dict, *flags: str
+) -> tuple:
+    """The run `name` (`flags` after the paper protocol's) trained again as the paper
+    trained: on every training interaction, the validation items included, for the
+    epochs that validation selected (`selected`, that run's summary), in one cycle so
+    that the test holdout is evaluated once, at the end. Returns (a summary: the
+    validation run's epoch and HR with this run's test HR and NDCG, its wall seconds)."""
+    epochs = selected["best_epoch"] + 1
+    refit, seconds = _paper_run(
+        args,
+        work,
+        name + REFIT_SUFFIX,
+        factors,
+        seed,
+        *flags,
+        f"--eval_split={TEST_SPLIT}",
+        f"--train_epochs={epochs}",
+        f"--epochs_between_evals={epochs}",
+    )
+    if refit["epochs"] != epochs or refit["eval_split"] != TEST_SPLIT:
+        sys.exit(f"{work}/{name}{REFIT_SUFFIX} did not train {epochs} epochs on the test split")
+    return {**selected, "test_hr": refit["best_hr"], "test_ndcg": refit["best_ndcg"]}, seconds
 
 
 def _setting(part: str, rate: float) -> str:
@@ -942,6 +1030,13 @@ def main() -> None:
         help="reuse each training run of the paper, pretrained and convergence suites "
         "that --log_dir holds finished with the same flags (a suite stopped part way "
         "goes on from there); a reused run's seconds are its benchmark log's",
+    )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="paper and pretrained suites: also train each reported configuration again "
+        "on all training data (the validation items back in, as the paper trained) for "
+        "the epochs validation selected, and report its test HR once, at the end",
     )
     parser.add_argument(
         "--throughput_epochs",

@@ -188,15 +188,16 @@ def test_repeated_throughput_runs_take_turns(script):
     assert results == {"ours": [10, 4, 10], "old": [10, 4, 10]}
 
 
-def _benchmark_log(path, *runs):
-    """A benchmark log of ncf-main `runs`: (recorded flags, finished)."""
+def _benchmark_log(path, *runs, summary=None):
+    """A benchmark log of ncf-main `runs`: (recorded flags, finished), each finished one
+    with `summary`'s entries in its summary record."""
     with open(path, "w") as log:
         for flags, finished in runs:
             log.write(json.dumps({"kind": "run_info", "flags": flags}) + "\n")
             log.write(json.dumps({"kind": "evaluation", "epoch": 0, "hr": 0.5}) + "\n")
             if finished:
-                log.write(json.dumps({"kind": "summary", "best_hr": 0.5, "total_seconds": 9.5}))
-                log.write("\n")
+                record = {"kind": "summary", "best_hr": 0.5, "total_seconds": 9.5}
+                log.write(json.dumps({**record, **(summary or {})}) + "\n")
 
 
 RECORDED = {
@@ -283,3 +284,55 @@ def test_resume_needs_a_log_dir(script, monkeypatch, capsys):
         script.main()
     assert exit_info.value.code == 2
     assert "--resume needs --log_dir" in capsys.readouterr().err
+
+
+def _flag(flags, name):
+    """The value ncf-main takes for --name: its last occurrence."""
+    return [flag.partition("=")[2] for flag in flags if flag.startswith(f"--{name}=")][-1]
+
+
+def test_refit_trains_each_chosen_run_again_on_all_data_for_its_selected_epochs(
+    script, tmp_path, monkeypatch, capsys
+):
+    # Validation selects epoch 5 of the MLP, 40 of MF and 0 of the NeuMF from both
+    # (seed 1; seed 2 one epoch later each). The refit runs train 6, 41 and 1 epochs on
+    # the test split, the NeuMF from the refit parts, and the mean row reports their
+    # test HR, not the validation runs'.
+    selected = {"mlp": 5, "mf": 40, "neumf_mf": 0}
+    ran = {}
+
+    def fake_run(args, work, name, flags):
+        ran[name] = flags
+        seed = int(_flag(flags, "seed"))
+        if _flag(flags, "eval_split") == "validation":
+            kind = name.split(f"seed{seed}_")[1].replace("_sgd0.001", "")
+            summary = {"best_epoch": selected[kind] + seed - 1, "best_hr": 0.73}
+            summary.update(test_hr=0.70, test_ndcg=0.40)
+        else:
+            epochs = int(_flag(flags, "train_epochs"))
+            summary = {"epochs": epochs, "eval_split": "test", "best_epoch": epochs - 1}
+            summary.update(best_hr=0.72 + seed / 1000, best_ndcg=0.44)
+        os.makedirs(f"{work}/{name}", exist_ok=True)
+        _benchmark_log(f"{work}/{name}/benchmark.jsonl", ({}, True), summary=summary)
+        return 1.0
+
+    monkeypatch.setattr(script, "_run_or_resume", fake_run)
+    argv = ["benchmark_training.py", "--suite=pretrained", "--ncf_dir=/data/ncf"]
+    argv += ["--paper_factors=64", "--paper_seed=1", "--paper_seed=2"]
+    argv += ["--pretrain_gmf_part=mf", "--pretrain_epochs=5", f"--log_dir={tmp_path}", "--refit"]
+    monkeypatch.setattr("sys.argv", argv)
+    script.main()
+    for seed in (1, 2):
+        stem = f"pretrained64_seed{seed}"
+        for kind, run in (("mlp", "mlp"), ("mf", "mf"), ("neumf_mf", "neumf_mf_sgd0.001")):
+            flags = ran[f"{stem}_{run}_refit"]
+            epochs = str(selected[kind] + seed)
+            assert _flag(flags, "eval_split") == "test"
+            assert _flag(flags, "train_epochs") == _flag(flags, "epochs_between_evals") == epochs
+            assert _flag(flags, "seed") == str(seed)
+        neumf = ran[f"{stem}_neumf_mf_sgd0.001_refit"]
+        assert _flag(neumf, "pretrain_gmf_dir") == f"{tmp_path}/{stem}_mf_refit"
+        assert _flag(neumf, "pretrain_mlp_dir") == f"{tmp_path}/{stem}_mlp_refit"
+        assert _flag(ran[f"{stem}_mf_refit"], "model") == "mf"
+    means = [line for line in capsys.readouterr().out.splitlines() if " mean " in line]
+    assert [line.split()[5] for line in means] == ["0.7000", "0.7215"]
