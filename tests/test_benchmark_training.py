@@ -291,23 +291,18 @@ def _flag(flags, name):
     return [flag.partition("=")[2] for flag in flags if flag.startswith(f"--{name}=")][-1]
 
 
-def test_refit_trains_each_chosen_run_again_on_all_data_for_its_selected_epochs(
-    script, tmp_path, monkeypatch, capsys
-):
-    # Validation selects epoch 5 of the MLP, 40 of MF and 0 of the NeuMF from both
-    # (seed 1; seed 2 one epoch later each). The refit runs train 6, 41 and 1 epochs on
-    # the test split, the NeuMF from the refit parts, and the mean row reports their
-    # test HR, not the validation runs'.
-    selected = {"mlp": 5, "mf": 40, "neumf_mf": 0}
+def _fake_runs(script, monkeypatch, selected_epoch) -> dict:
+    """Replaces ncf-main runs with benchmark logs: a validation run of seed s selects
+    `selected_epoch`(its name without factors, seed and rate) + s - 1; a test-split run
+    has test HR 0.72 + s / 1000 after its last epoch. Returns {run name: its flags}."""
     ran = {}
 
     def fake_run(args, work, name, flags):
         ran[name] = flags
         seed = int(_flag(flags, "seed"))
         if _flag(flags, "eval_split") == "validation":
-            kind = name.split(f"seed{seed}_")[1].replace("_sgd0.001", "")
-            summary = {"best_epoch": selected[kind] + seed - 1, "best_hr": 0.73}
-            summary.update(test_hr=0.70, test_ndcg=0.40)
+            epoch = selected_epoch(name.replace("_sgd0.001", "")) + seed - 1
+            summary = {"best_epoch": epoch, "best_hr": 0.73, "test_hr": 0.70, "test_ndcg": 0.40}
         else:
             epochs = int(_flag(flags, "train_epochs"))
             summary = {"epochs": epochs, "eval_split": "test", "best_epoch": epochs - 1}
@@ -317,6 +312,35 @@ def test_refit_trains_each_chosen_run_again_on_all_data_for_its_selected_epochs(
         return 1.0
 
     monkeypatch.setattr(script, "_run_or_resume", fake_run)
+    return ran
+
+
+def test_refit_trains_the_paper_runs_again_for_their_selected_epochs(
+    script, tmp_path, monkeypatch, capsys
+):
+    ran = _fake_runs(script, monkeypatch, lambda name: 2)
+    argv = ["benchmark_training.py", "--suite=paper", "--ncf_dir=/data/ncf", "--refit"]
+    argv += ["--paper_factors=8", "--paper_seed=1", "--paper_seed=3", f"--log_dir={tmp_path}"]
+    monkeypatch.setattr("sys.argv", argv)
+    script.main()
+    assert sorted(ran) == [f"paper8_seed{s}{r}" for s in (1, 3) for r in ("", "_refit")]
+    for seed, epochs in ((1, "3"), (3, "5")):
+        flags = ran[f"paper8_seed{seed}_refit"]
+        assert _flag(flags, "eval_split") == "test"
+        assert _flag(flags, "train_epochs") == _flag(flags, "epochs_between_evals") == epochs
+    means = [line for line in capsys.readouterr().out.splitlines() if " mean " in line]
+    assert [line.split()[3] for line in means] == ["0.7000", "0.7220"]
+
+
+def test_refit_trains_each_chosen_run_again_on_all_data_for_its_selected_epochs(
+    script, tmp_path, monkeypatch, capsys
+):
+    # Validation selects epoch 5 of the MLP, 40 of MF and 0 of the NeuMF from both
+    # (seed 1; seed 2 one epoch later each). The refit runs train 6, 41 and 1 epochs on
+    # the test split, the NeuMF from the refit parts, and the mean row reports their
+    # test HR, not the validation runs'.
+    selected = {"mlp": 5, "mf": 40, "neumf_mf": 0}
+    ran = _fake_runs(script, monkeypatch, lambda name: selected[name.split("_", 2)[2]])
     argv = ["benchmark_training.py", "--suite=pretrained", "--ncf_dir=/data/ncf"]
     argv += ["--paper_factors=64", "--paper_seed=1", "--paper_seed=2"]
     argv += ["--pretrain_gmf_part=mf", "--pretrain_epochs=5", f"--log_dir={tmp_path}", "--refit"]
