@@ -775,14 +775,9 @@ def pretrained(args, work: str) -> None:
                 parts[seed, part] = summary
                 print(_paper_row(factors, seed, part, summary, None, seconds))
             for (part, rate), runs in summaries.items():
-                summary, seconds = _paper_run(
-                    args,
-                    work,
-                    _pretrained_name(factors, seed, part, rate),
-                    factors,
-                    seed,
-                    *_fine_tuning_flags(args, work, factors, seed, part, rate),
-                )
+                name = _pretrained_name(factors, seed, part, rate)
+                flags = _fine_tuning_flags(args, work, factors, seed, part, rate)
+                summary, seconds = _paper_run(args, work, name, factors, seed, *flags)
                 runs.append(summary)
                 print(_paper_row(factors, seed, _setting(part, rate), summary, paper_row, seconds))
         chosen = chosen_on_validation(summaries)
@@ -793,28 +788,7 @@ def pretrained(args, work: str) -> None:
                 "validation HR@10"
             )
         if args.refit:
-            print(REFIT_HEADING)
-            refits = []
-            for seed, selected in zip(args.paper_seed, summaries[chosen], strict=True):
-                part, rate = chosen
-                for each in ("mlp", part):
-                    name = _part_name(factors, seed, each)
-                    refit, seconds = _refit_run(
-                        args, work, name, factors, seed, parts[seed, each], *PART_FLAGS[each]
-                    )
-                    print(_paper_row(factors, seed, each, refit, None, seconds))
-                refit, seconds = _refit_run(
-                    args,
-                    work,
-                    _pretrained_name(factors, seed, part, rate),
-                    factors,
-                    seed,
-                    selected,
-                    *_fine_tuning_flags(args, work, factors, seed, part, rate, REFIT_SUFFIX),
-                )
-                refits.append(refit)
-                print(_paper_row(factors, seed, _setting(part, rate), refit, paper_row, seconds))
-            print(_paper_mean_row(factors, _setting(*chosen), refits, paper_row))
+            _pretrained_refits(args, work, factors, chosen, parts, summaries[chosen])
     print(
         _paper_configuration(args) + f"; NeuMF fine-tuned with SGD (constant rate) for "
         f"{args.pretrain_epochs or args.paper_epochs} epochs, alpha 0.5; the parts: "
@@ -822,6 +796,32 @@ def pretrained(args, work: str) -> None:
             f"{part} {' '.join(PART_FLAGS[part])}" for part in ("mlp", *args.pretrain_gmf_part)
         )
     )
+
+
+def _pretrained_refits(
+    args, work: str, factors: int, chosen: tuple, parts: dict, selected_runs: list[dict]
+) -> None:
+    """--refit for the pretrained suite: per seed, the MLP part and the `chosen` GMF
+    part (`parts[seed, part]`, their validation runs) trained again on all training
+    data, then the NeuMF from those (`selected_runs`, the validation runs of `chosen`
+    per seed); prints their rows and the mean."""
+    print(REFIT_HEADING)
+    part, rate = chosen
+    paper_row = PAPER_TABLE2_PRETRAINED[factors]
+    refits = []
+    for seed, selected in zip(args.paper_seed, selected_runs, strict=True):
+        for each in ("mlp", part):
+            name = _part_name(factors, seed, each)
+            refit, seconds = _refit_run(
+                args, work, name, factors, seed, parts[seed, each], *PART_FLAGS[each]
+            )
+            print(_paper_row(factors, seed, each, refit, None, seconds))
+        name = _pretrained_name(factors, seed, part, rate)
+        flags = _fine_tuning_flags(args, work, factors, seed, part, rate, REFIT_SUFFIX)
+        refit, seconds = _refit_run(args, work, name, factors, seed, selected, *flags)
+        refits.append(refit)
+        print(_paper_row(factors, seed, _setting(*chosen), refit, paper_row, seconds))
+    print(_paper_mean_row(factors, _setting(*chosen), refits, paper_row))
 
 
 def _part_name(factors: int, seed: int, part: str) -> str:
