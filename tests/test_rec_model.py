@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
+import time
 
 import keras
 import numpy as np
@@ -14,6 +16,7 @@ from absl import logging
 
 from official.utils.misc import machine
 from recommendation.online import callbacks as online_callbacks
+from recommendation.online import rec_model
 from recommendation.online.rec_model import Callback, RecModel, StreamBatch
 
 WEIGHTS = np.array([[1.0], [-2.0], [0.5], [1.5]], np.float32)
@@ -211,6 +214,34 @@ def test_quiet_streams_call_on_idle_and_stop_after_can_end_them():
     )
     assert summary["stopped_by"] == "callback" and summary["steps"] == 2
     assert recorder.idle > 0
+
+
+def test_online_train_returns_only_once_the_read_ahead_thread_has_ended():
+    """A read-ahead thread still inside a read (TensorFlow polling gs://, a socket)
+    when the interpreter exits is killed there and aborts the process (CI saw
+    online_main exit -6 after a successful run): the thread must be gone first."""
+    reading = threading.Event()
+
+    def stream():
+        yield from _batches(2)
+        while True:
+            reading.set()
+            time.sleep(0.5)  # a slow read of a quiet source
+            reading.clear()
+            yield None
+
+    summary = RecModel(
+        _network(), _loss(), keras.optimizers.Adam(0.01), boost_level="O1"
+    ).online_train(stream(), [online_callbacks.StopAfter(steps=2)])
+    assert summary["steps"] == 2
+    assert not reading.is_set()
+    assert "rec-model-prefetch" not in [thread.name for thread in threading.enumerate()]
+
+
+def test_closing_the_read_ahead_ends_its_thread_when_the_source_ended_unread():
+    prefetcher = rec_model._Prefetcher(iter(range(5)), depth=2)
+    prefetcher.close()
+    assert not prefetcher._thread.is_alive()
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_commits(tmp_path):

@@ -53,6 +53,7 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from official.utils.misc import precision, signals
 from official.utils.misc.runner import sum_over_steps, without_autotuning
@@ -223,31 +224,46 @@ def _groups(elements: Iterator, size: int, has_position: list) -> Iterator[_Grou
 
 
 class _Prefetcher:
-    """Runs `_groups` on a background thread, `depth` groups ahead (boost O1+)."""
+    """Runs `_groups` on a background thread, `depth` groups ahead (boost O1+).
+
+    `close` waits for that thread to end: one left inside TensorFlow or a socket read
+    (polling a gs:// folder, say) when the interpreter exits is killed there by
+    Python's finalisation, which aborts the process ("FATAL: exception not rethrown")
+    after training has already succeeded.
+    """
 
     _END = object()
+    # Longest wait in `close` for the read in flight (a source read is bounded by its
+    # own timeout, seconds); the producer thread of `data_pipeline` gets the same.
+    _JOIN_TIMEOUT_SEC = 60.0
 
     def __init__(self, groups: Iterator, depth: int = 2) -> None:
         self._queue: queue.Queue = queue.Queue(depth)
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(groups,), daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(groups,), daemon=True, name="rec-model-prefetch"
+        )
         self._thread.start()
 
     def _run(self, groups: Iterator) -> None:
         try:
             for group in groups:
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(group, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not self._put(group):
                     return
         except BaseException as error:  # handed to the training thread
             self._error = error
-        self._queue.put(self._END)
+        self._put(self._END)
+
+    def _put(self, item: Any) -> bool:
+        """Queues `item` unless `close` is called first (False then)."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def __iter__(self) -> Iterator:
         while True:
@@ -259,7 +275,15 @@ class _Prefetcher:
             yield item
 
     def close(self) -> None:
+        """Stops reading ahead and waits for the read in flight to return."""
         self._stop.set()
+        self._thread.join(self._JOIN_TIMEOUT_SEC)
+        if self._thread.is_alive():
+            logging.warning(
+                "the stream read in flight did not return within %.0f s of the stop; "
+                "the process may abort when it exits",
+                self._JOIN_TIMEOUT_SEC,
+            )
 
 
 # ---------------------------------------------------------------------------
