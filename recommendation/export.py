@@ -28,6 +28,9 @@ raw item id map as variables beside the weights, and with ``--export_onnx`` the
 scoring signature converted by tf2onnx as ``model.onnx`` (same inputs and outputs,
 id maps included), checked against the SavedModel with onnxruntime before the export
 is renamed into place.
+
+`load_export` reads an export back (``recommend``, the ONNX check): a missing, damaged
+or incomplete one is an `ExportError` that names the file and how to export again.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -60,7 +64,8 @@ _PARITY_SAMPLE = 1000
 
 
 class ExportError(Exception):
-    """The export could not be written or verified; the message says why."""
+    """An export could not be written, verified or read; the message says why and what
+    to do."""
 
 
 class ServingModule(tf.Module):
@@ -240,28 +245,36 @@ def write_saved_model(
 
     Raises:
         ValueError: `export_dir` exists and is neither empty nor a SavedModel.
+        ExportError: it could not be written (a read-only folder, a full disk).
     """
     export_dir = export_dir.rstrip("/")
     # Beside a folder the user named, a leftover should be seen: temporaries are
     # visible siblings (``<export_dir>.tmp-<pid>-<token>``).
     # On gs://, where the folder rename is a copy, saved_model.pb (what every SavedModel
     # reader looks for first) is written last and removed first when replaced.
-    with atomic.replace_folder(
-        export_dir, hidden=False, markers=(tf.saved_model.SAVED_MODEL_FILENAME_PB,)
-    ) as temp_dir:
-        if (
-            tf.io.gfile.exists(export_dir)
-            and tf.io.gfile.listdir(export_dir)
-            and not tf.saved_model.contains_saved_model(export_dir)
-            and not _export_remains(export_dir)
-        ):
-            raise ValueError(
-                f"export_dir {export_dir} exists and is not a SavedModel; "
-                "choose a new or empty folder"
-            )
-        tf.saved_model.save(module, temp_dir, signatures=signatures)
-        if finalize is not None:
-            finalize(temp_dir)
+    if tf.io.gfile.exists(export_dir) and not tf.io.gfile.isdir(export_dir):
+        raise ValueError(f"export_dir {export_dir} is a file; choose a new or empty folder")
+    try:
+        with atomic.replace_folder(
+            export_dir, hidden=False, markers=(tf.saved_model.SAVED_MODEL_FILENAME_PB,)
+        ) as temp_dir:
+            if (
+                tf.io.gfile.exists(export_dir)
+                and tf.io.gfile.listdir(export_dir)
+                and not tf.saved_model.contains_saved_model(export_dir)
+                and not _export_remains(export_dir)
+            ):
+                raise ValueError(
+                    f"export_dir {export_dir} exists and is not a SavedModel; "
+                    "choose a new or empty folder"
+                )
+            tf.saved_model.save(module, temp_dir, signatures=signatures)
+            if finalize is not None:
+                finalize(temp_dir)
+    except (OSError, tf.errors.OpError) as error:
+        raise ExportError(
+            errors.write_failure(error, "the export", export_dir, "--export_dir")
+        ) from None
 
 
 def _export_remains(export_dir: str) -> bool:
@@ -322,13 +335,14 @@ def check_onnx_parity(
     """Largest |score difference| of the ONNX model against the SavedModel on `sample`.
 
     Raises:
-        ExportError: a difference above `ONNX_TOLERANCE`, or unknown ids treated
-            differently (NaN in one, a score in the other).
+        ExportError: a difference above `ONNX_TOLERANCE`, unknown ids treated
+            differently (NaN in one, a score in the other), or a SavedModel that does
+            not load (`load_export`).
     """
     import onnxruntime
 
     users, items = sample
-    serving = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
+    serving = load_export(saved_model_dir).signatures["serving_default"]
     expected = serving(user_id=tf.constant(users), item_id=tf.constant(items))["scores"].numpy()
     with tf.io.gfile.GFile(onnx_path, "rb") as stream:
         session = onnxruntime.InferenceSession(stream.read(), providers=["CPUExecutionProvider"])
@@ -344,6 +358,93 @@ def check_onnx_parity(
         )
     logging.info("ONNX parity: max |score difference| %.3g over %d pairs", difference, len(users))
     return difference
+
+
+def load_export(export_dir: str) -> Any:
+    """The SavedModel in `export_dir`, loaded (`tf.saved_model.load`).
+
+    Raises:
+        ExportError: there is no SavedModel there, or it is damaged or incomplete; the
+            message names the file and says how to export it again.
+    """
+    how = (
+        f"with ncf-main --export_dir {export_dir} or python -m recommendation.export "
+        f"--model_dir MODEL_DIR --export_dir {export_dir} (and the training run's flags)"
+    )
+    if not tf.saved_model.contains_saved_model(export_dir):
+        raise ExportError(f"no SavedModel in {export_dir}; export one {how}")
+    try:
+        return tf.saved_model.load(export_dir)
+    # Kept to the load, so that no error of this program passes for a damaged file.
+    except (OSError, ValueError, RuntimeError, IndexError, tf.errors.OpError) as error:
+        damage = _damage(export_dir, error)
+        if damage is None:
+            raise  # the export could not be read (permissions, network): not damage
+        raise ExportError(
+            f"the export in {export_dir} is damaged or incomplete: {damage}; export it again {how}"
+        ) from None
+
+
+# The codes of the TensorFlow errors that a damaged SavedModel makes its load raise.
+_DAMAGE_CODES = (
+    tf.errors.UNKNOWN,
+    tf.errors.DATA_LOSS,
+    tf.errors.NOT_FOUND,
+    tf.errors.FAILED_PRECONDITION,
+)
+
+
+def _damage(export_dir: str, error: Exception) -> str | None:
+    """Which file of the SavedModel in `export_dir` made its load fail with `error`,
+    and how (relative to `export_dir`); None if `error` is no sign of damage.
+
+    TensorFlow's errors (2.21; each damage tried for real) seldom name the file, so it
+    is found from the kind of error and by reading the parts again. A truncated or
+    corrupt ``saved_model.pb`` does not parse (OSError), holds no graph (ValueError)
+    or names unknown ops (RuntimeError). A missing variables file is an OpError or a
+    FileNotFoundError; a corrupt ``variables.index`` an OpError; variables data
+    failing its checksum an OpError or DataLossError, and reading short when
+    truncated an IndexError. A missing id map is a FileNotFoundError, a truncated one
+    a FailedPreconditionError (an id read twice).
+    """
+    pb = tf.saved_model.SAVED_MODEL_FILENAME_PB
+    if (
+        isinstance(error, (ValueError, RuntimeError))
+        or type(error) is OSError
+        or tf.io.gfile.isdir(os.path.join(export_dir, pb))
+    ):
+        return f"{pb} is corrupt"
+    if isinstance(error, tf.errors.OpError) and error.error_code not in _DAMAGE_CODES:
+        return None
+    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+        return None
+    variables = tf.saved_model.VARIABLES_DIRECTORY
+    if not tf.io.gfile.isdir(os.path.join(export_dir, variables)):
+        return f"{variables}/ is missing"
+    prefix = os.path.join(variables, tf.saved_model.VARIABLES_FILENAME)
+    if not tf.io.gfile.exists(os.path.join(export_dir, f"{prefix}.index")):
+        return f"{prefix}.index is missing"
+    data = sorted(tf.io.gfile.glob(os.path.join(export_dir, f"{prefix}.data-*")))
+    if not data:
+        return f"{prefix}.data-* is missing"
+    try:
+        tf.train.load_checkpoint(os.path.join(export_dir, prefix))  # the index; data exists
+    except tf.errors.OpError:
+        return f"{prefix}.index is corrupt"
+    id_maps = [
+        os.path.join(tf.saved_model.ASSETS_DIRECTORY, name)
+        for name in (USER_IDS_FILE, ITEM_IDS_FILE)
+    ]
+    if isinstance(error, (FileNotFoundError, tf.errors.NotFoundError)):
+        missing = [
+            name for name in id_maps if not tf.io.gfile.exists(os.path.join(export_dir, name))
+        ]
+        return f"{missing[0] if missing else 'a file it reads'} is missing"
+    if isinstance(error, tf.errors.FailedPreconditionError):
+        return f"{' or '.join(id_maps)} is corrupt (an id listed twice)"
+    return (
+        f"{', '.join(os.path.relpath(path, export_dir) for path in data)} is truncated or corrupt"
+    )
 
 
 def _parity_sample(data: PreprocessedData) -> tuple[np.ndarray, np.ndarray]:

@@ -30,6 +30,7 @@ from absl import app, flags, logging
 from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
+from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc import (
     atomic,
     distribution_utils,
@@ -37,6 +38,7 @@ from official.utils.misc import (
     model_dir,
     precision,
     signals,
+    writer_lease,
 )
 from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.progress import ProgressBar
@@ -167,11 +169,19 @@ def run(config: NcfConfig) -> RunResult:
         precision.warn_if_bf16_is_slow_here(precision.POLICIES[dtype], f"--dtype {dtype}")
     if config.batch_size % replicas:
         raise ValueError(f"--batch_size {config.batch_size} must divide by {replicas} replicas")
-    # Before the compliance log opens: by default it lives in model_dir.
-    if config.clean and tf.io.gfile.exists(config.model_dir):
-        tf.io.gfile.rmtree(config.model_dir)
     model_dir.prepare(config.model_dir)
     chief = distribution_utils.is_chief(strategy)
+    # The chief writes model_dir for the cluster. Held before --clean empties the
+    # folder (never another live run's) and before the compliance log opens there.
+    if not chief:
+        return _run_holding_model_dir(config, strategy, chief, start)
+    with writer_lease.hold(config.model_dir, "ncf-main", clean=config.clean):
+        return _run_holding_model_dir(config, strategy, chief, start)
+
+
+def _run_holding_model_dir(
+    config: NcfConfig, strategy: tf.distribute.Strategy, chief: bool, start: float
+) -> RunResult:
     try:
         with mlperf_helper.session(
             config.mlperf if chief else None, mlperf_tags.V05_TAGS
@@ -192,6 +202,7 @@ def run(config: NcfConfig) -> RunResult:
         summary["export_dir"] = config.export_dir
         if parity is not None:
             summary["onnx_max_score_difference"] = parity
+    summary["failed_benchmark_log_writes"] = benchmark.failures.count
     benchmark.log("summary", **summary)
     return RunResult(summary, runner)
 
@@ -336,7 +347,10 @@ class ValidationHistory:
 
 def _kept_for_resume(config: NcfConfig) -> str:
     """What a stopped run leaves in model_dir for the next one, and how to use it."""
-    latest = tf.train.latest_checkpoint(config.model_dir)
+    try:
+        latest = model_dir.newest_intact(config.model_dir)  # what the next run restores
+    except ModelDirError as none_intact:
+        return str(none_intact)
     if latest is None:
         return "no checkpoint yet; the same command starts over"
     done = completed_epochs_of(latest)
@@ -429,8 +443,9 @@ def _pretrained_checkpoint(config: NcfConfig, kind: str, directory: str) -> tupl
     (``MODEL_DIR/best``).
 
     Raises:
-        ModelDirError: There is none, or the run evaluated on the other split (so it
-            trained on other data: with or without the validation items).
+        ModelDirError: There is none, every one is damaged, or the run evaluated on the
+            other split (so it trained on other data: with or without the validation
+            items).
     """
     flag = f"--pretrain_{kind}_dir"
     if tf.train.latest_checkpoint(directory) is None:
@@ -447,9 +462,10 @@ def _pretrained_checkpoint(config: NcfConfig, kind: str, directory: str) -> tupl
             f"other data than this run of --eval_split {split}: pretrain with "
             f"--eval_split {split}"
         )
+    # The newest intact one: what `restore_model` restores (a damaged one is passed over).
     if not validated:
-        return tf.train.latest_checkpoint(directory), False
-    best = tf.train.latest_checkpoint(os.path.join(directory, BEST_FOLDER))
+        return model_dir.newest_intact(directory), False
+    best = model_dir.newest_intact(os.path.join(directory, BEST_FOLDER))
     if best is None:
         raise ModelDirError(
             f"{flag} {directory} has no selected checkpoint in {BEST_FOLDER}/ (stopped "
@@ -561,7 +577,7 @@ def _train_and_evaluate(
     cycles = _cycles(first_epoch, config.train_epochs, config.epochs_between_evals)
     params = _generation_params(config, data, runner, cycles, first_epoch, mlperf)
     _log_hparams(mlperf, config, runner.params, data, params)
-    writer = tf.summary.create_file_writer(config.model_dir) if runner.is_chief else None
+    summaries = ScalarSummaries(config.model_dir if runner.is_chief else None)
     best = {"hr": 0.0, "ndcg": 0.0, "epoch": first_epoch}
     summary = {
         "epochs": first_epoch,
@@ -630,7 +646,7 @@ def _train_and_evaluate(
             summary["epochs"] = epoch
             summary["train_points"] += train["num_points"]
             summary["train_seconds"] += train["seconds"]
-            _report(config, runner, writer, benchmark, epoch - 1, train, evaluation)
+            _report(config, runner, summaries, benchmark, epoch - 1, train, evaluation)
             if evaluation["hr"] > best["hr"]:
                 best = {"hr": evaluation["hr"], "ndcg": evaluation["ndcg"], "epoch": epoch - 1}
             if evaluation["hr"] >= config.hr_threshold:
@@ -638,7 +654,7 @@ def _train_and_evaluate(
                 break
         if not cycles:
             # A finished run resumed: nothing to train, so report its restored model.
-            summary["resumed_finished_run"] = runner.latest_checkpoint
+            summary["resumed_finished_run"] = runner.restored_from
             if history is None:
                 evaluation = _evaluate(runner, eval_info, first_epoch - 1, mlperf)
                 best = {
@@ -651,10 +667,7 @@ def _train_and_evaluate(
             best = history.best()
             test = _test_selected(runner, best["epoch"], producer.eval_data(), mlperf)
             summary.update(test_hr=test["hr"], test_ndcg=test["ndcg"])
-            if writer is not None:
-                with writer.as_default(step=runner.global_step):
-                    tf.summary.scalar("test_hr", test["hr"])
-                    tf.summary.scalar("test_ndcg", test["ndcg"])
+            summaries.write(runner.global_step, {"test_hr": test["hr"], "test_ndcg": test["ndcg"]})
         reached = summary["time_to_target_s"] is not None
         mlperf.event("run_stop", status=mlperf_helper.SUCCESS if reached else mlperf_helper.ABORTED)
     trained = summary["train_seconds"] > 0
@@ -664,6 +677,7 @@ def _train_and_evaluate(
         best_epoch=best["epoch"],
         total_seconds=time.perf_counter() - start,
         examples_per_second=summary["train_points"] / summary["train_seconds"] if trained else None,
+        failed_tensorboard_writes=summaries.failures.count,
     )
     return summary
 
@@ -778,7 +792,7 @@ def _optimizer_name(model: neumf_model.ModelParams) -> str:
 def _report(
     config: NcfConfig,
     runner: Runner,
-    writer: tf.summary.SummaryWriter | None,
+    summaries: ScalarSummaries,
     benchmark: BenchmarkLogger,
     epoch: int,
     train: dict,
@@ -802,13 +816,16 @@ def _report(
         rate,
         evaluation["seconds"],
     )
-    if writer is not None:
-        with writer.as_default(step=runner.global_step):
-            tf.summary.scalar("loss", train["loss"])
-            prefix = "validation_" if validating else ""
-            tf.summary.scalar(f"{prefix}hr", evaluation["hr"])
-            tf.summary.scalar(f"{prefix}ndcg", evaluation["ndcg"])
-            tf.summary.scalar("examples_per_second", rate)
+    prefix = "validation_" if validating else ""
+    summaries.write(
+        runner.global_step,
+        {
+            "loss": train["loss"],
+            f"{prefix}hr": evaluation["hr"],
+            f"{prefix}ndcg": evaluation["ndcg"],
+            "examples_per_second": rate,
+        },
+    )
     benchmark.log(
         "evaluation",
         epoch=epoch,
@@ -880,8 +897,21 @@ def summary_line(summary: dict, top_k: int) -> str:
     return (
         f"{best}, {summary['epochs']} epochs, {reached}, "
         f"{summary['examples_per_second']:,.0f} training examples/s, "
-        f"{summary['total_seconds']:.1f} s in all"
+        f"{summary['total_seconds']:.1f} s in all{_failed_writes(summary)}"
     )
+
+
+def _failed_writes(summary: dict) -> str:
+    """What the run went on without (logged as it happened), for the final line."""
+    failed = [
+        f"{summary.get(key, 0)} {what} writes failed"
+        for key, what in (
+            ("failed_tensorboard_writes", "TensorBoard"),
+            ("failed_benchmark_log_writes", "benchmark log"),
+        )
+        if summary.get(key)
+    ]
+    return f" ({', '.join(failed)}: see the warnings)" if failed else ""
 
 
 def main(argv: list[str]) -> None:

@@ -29,7 +29,8 @@ from absl import app, flags, logging
 
 from official.utils.flags import core
 from official.utils.flags.core import NON_NEGATIVE, POSITIVE, POSITIVE_OR_UNSET, FlagSpec, Rule
-from official.utils.misc import atomic, errors, model_dir
+from official.utils.logs.summaries import ScalarSummaries
+from official.utils.misc import atomic, errors, model_dir, writer_lease
 from official.utils.misc.model_dir import ModelDirError
 from recommendation import ncf_common
 from recommendation.online import callbacks, online_ncf, sources
@@ -111,15 +112,22 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
     """Audit log (first: an event is logged before a checkpoint can vouch for it),
     metrics (before the checkpoint and export, so that the last report, at the end,
     measures the training and not the durable save and export made when it stops),
-    checkpoint, export and stop conditions."""
+    the tables watched, checkpoint, export and stop conditions."""
     checkpoint = callbacks.CheckpointCallback(
         config.model_dir, config.checkpoint_every_steps, config.checkpoint_every_secs
     )
+    tables = callbacks.TableWatch()
     chosen: list[Callback] = []
     if config.trained_events_log:
         chosen.append(callbacks.TrainedEventsLog(config.trained_events_log))
-    chosen.append(callbacks.MetricLogger(every_seconds=config.log_every_secs))
-    chosen += [checkpoint, callbacks.ReportRestore(checkpoint)]
+    chosen.append(
+        callbacks.MetricLogger(
+            every_seconds=config.log_every_secs,
+            gauges=tables.gauges,
+            summaries=ScalarSummaries(config.model_dir),
+        )
+    )
+    chosen += [tables, checkpoint, callbacks.ReportRestore(checkpoint)]
     if config.export_dir:
         chosen.append(
             callbacks.ExportCallback(
@@ -144,12 +152,19 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
 def run(config: OnlineConfig) -> dict:
     """Trains until a stop condition or signal; returns the run summary (whose
     ``dead_letters`` counts every run since a clean start: the count travels in the
-    checkpointed stream position)."""
+    checkpointed stream position).
+
+    Raises:
+        ModelDirError: Another live process writes model_dir (its lease names it).
+    """
     if config.seed is not None:
         tf.keras.utils.set_random_seed(config.seed)
-    if config.clean and tf.io.gfile.exists(config.model_dir):
-        tf.io.gfile.rmtree(config.model_dir)
     model_dir.prepare(config.model_dir)
+    with writer_lease.hold(config.model_dir, "ncf-online", clean=config.clean):
+        return _run_holding_model_dir(config)
+
+
+def _run_holding_model_dir(config: OnlineConfig) -> dict:
     rec_model: RecModel = online_ncf.build_rec_model(
         config.model, config.amp_level, config.boost_level
     )
@@ -168,13 +183,26 @@ def run(config: OnlineConfig) -> dict:
     hr_values = [record["hr"] for record in history if "hr" in record]
     summary.update(
         dead_letters=source.dead_letters,
+        lost_events=getattr(source, "lost_events", 0),
         reconnects=getattr(source, "reconnects", 0),
         prequential_hr=float(np.mean(hr_values)) if hr_values else None,
         history=history,
+        **_outputs(chosen),
     )
     if config.summary_file:
         atomic.write_file(config.summary_file, json.dumps(summary, sort_keys=True))
     return summary
+
+
+def _outputs(chosen: list[Callback]) -> dict:
+    """The summary's tables (`TableWatch.counts`) and the side writes that failed."""
+    found = {type(callback): callback for callback in chosen}
+    export = found.get(callbacks.ExportCallback)
+    return {
+        "tables": found[callbacks.TableWatch].counts(),
+        "failed_exports": export.failures.count if export else 0,
+        "failed_tensorboard_writes": found[callbacks.MetricLogger].summaries.failures.count,
+    }
 
 
 def summary_line(summary: dict, top_k: int) -> str:
@@ -185,8 +213,26 @@ def summary_line(summary: dict, top_k: int) -> str:
         f"online: {summary['events']:,} events in {summary['seconds']:.1f} s "
         f"({rate:,.0f} events/s), step {summary['steps']}, prequential HR@{top_k}="
         f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
-        f"reconnects {summary['reconnects']}, stopped by {summary['stopped_by']}"
+        f"lost events {summary['lost_events']}, "
+        f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
+        f"stopped by {summary['stopped_by']}"
     )
+
+
+def _tables_and_failures(summary: dict) -> str:
+    """How full each table is and what it refused; failed side writes, if any."""
+    parts = [
+        f"{name}s {t['ids']:,}/{t['capacity']:,} ({t['refused']:,} refused, "
+        f"{t['evicted']:,} evicted)"
+        for name, t in summary["tables"].items()
+    ]
+    for key, what in (
+        ("failed_exports", "exports"),
+        ("failed_tensorboard_writes", "TensorBoard writes"),
+    ):
+        if summary[key]:
+            parts.append(f"{summary[key]:,} {what} failed")
+    return "".join(f"{part}, " for part in parts)
 
 
 # ---------------------------------------------------------------------------

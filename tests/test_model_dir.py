@@ -1,17 +1,25 @@
 """model_dir and its checkpoints, as both trainers use them: the folder checked up
-front, a failed save cleaned up and named, a checkpoint of other model flags named."""
+front, a failed save cleaned up and named, a checkpoint of other model flags named, a
+damaged one (really damaged on disk) named and the newest intact one restored."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_input_fn
 
 from official.utils.misc import model_dir, precision
 from official.utils.misc.model_dir import ModelDirError
+from official.utils.misc.runner import Runner
+from recommendation import constants, neumf_model
 from recommendation.online import callbacks, online_ncf
+from recommendation.online.rec_model import StreamBatch
 
 ONLINE = online_ncf.OnlineParams(
     mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0), user_capacity=64, item_capacity=32
@@ -82,3 +90,139 @@ def test_float16_compute_with_float32_variables_is_the_one_that_scales_its_loss(
     assert precision.with_loss_scaling(adam, "mixed_float16", fixed_scale=128.0) is adam
     for policy in ("float32", "mixed_bfloat16", "float16", "bfloat16"):
         assert precision.with_loss_scaling(adam, policy) is adam
+
+
+DAMAGES = [
+    "truncated",
+    "flipped bytes",
+    "no data file",
+    "truncated index",
+    "garbage index",
+    "no index",
+]
+
+
+def _weights(runner: Runner) -> list[np.ndarray]:
+    return [variable.numpy() for variable in runner.state.model.weights]
+
+
+def _warnings(caplog) -> list[str]:
+    """The warnings the project logged (absl), not TensorFlow's."""
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "absl" and record.levelname == "WARNING"
+    ]
+
+
+def _two_checkpoints(directory) -> tuple[str, list[np.ndarray], str]:
+    """A runner's checkpoints after epochs 1 (step 3) and 2 (step 6): the first's path
+    and weights, the second's path."""
+    runner = tiny_runner(str(directory))
+    runner.train(tiny_train_input_fn, 3)
+    runner.completed_epochs.assign(1)
+    first = runner.save_checkpoint()
+    weights = _weights(runner)
+    runner.train(tiny_train_input_fn, 3)
+    runner.completed_epochs.assign(2)
+    return first, weights, runner.save_checkpoint()
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(tmp_path, caplog, how):
+    intact, weights, newest = _two_checkpoints(tmp_path)
+    problem = damage_checkpoint(newest, how)
+    resumed = tiny_runner(str(tmp_path))  # weights of its own, neither checkpoint's
+    assert resumed.restore()
+    assert resumed.restored_from == intact == str(tmp_path / "ckpt-3")
+    assert resumed.global_step == 3 and int(resumed.completed_epochs.numpy()) == 1
+    for kept, restored in zip(weights, _weights(resumed), strict=True):
+        np.testing.assert_array_equal(kept, restored)
+    (warning,) = _warnings(caplog)
+    assert re.fullmatch(
+        rf"{re.escape(newest)} is damaged \({problem}\); restored {re.escape(intact)}, the "
+        "newest intact checkpoint",
+        warning,
+    ), warning
+
+
+def test_with_every_checkpoint_damaged_the_error_names_each_and_nothing_is_deleted(tmp_path):
+    intact, _, newest = _two_checkpoints(tmp_path)
+    newest_problem = damage_checkpoint(newest, "truncated")
+    damage_checkpoint(intact, "no data file")
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    with pytest.raises(ModelDirError) as raised:
+        tiny_runner(str(tmp_path)).restore()
+    assert re.fullmatch(
+        rf"no intact checkpoint in {re.escape(str(tmp_path))}: {re.escape(newest)} "
+        rf"\({newest_problem}\) and {re.escape(intact)} \(ckpt-3\.data-\*: missing\) are "
+        rf"damaged; train again with --clean or another --model_dir \(copy "
+        rf"{re.escape(str(tmp_path))} elsewhere first if its data matters\)",
+        str(raised.value),
+    ), raised.value
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_a_readable_checkpoint_of_other_flags_is_not_damage_and_no_older_one_is_tried(tmp_path):
+    narrow = tiny_runner(str(tmp_path))
+    narrow.train(tiny_train_input_fn, 3)
+    narrow.save_checkpoint()  # ckpt-3, of this model
+    wider = Runner(
+        neumf_model.model_fn,
+        neumf_model.build_state,
+        dataclasses.replace(TINY_PARAMS, mf_dim=6),
+        str(tmp_path),
+        tf.distribute.OneDeviceStrategy("/cpu:0"),
+    )
+    wider.train(tiny_train_input_fn, 6)
+    other_flags = wider.save_checkpoint()  # ckpt-6, of other model flags
+    wider.train(tiny_train_input_fn, 3)
+    newest = wider.save_checkpoint()  # ckpt-9, damaged below
+    problem = damage_checkpoint(newest, "truncated")
+    with pytest.raises(ModelDirError) as raised:
+        tiny_runner(str(tmp_path)).restore()
+    assert re.fullmatch(
+        rf"{re.escape(newest)} is damaged \({problem}\), and the checkpoint "
+        rf"{re.escape(other_flags)} was made with other model flags or other data \(.*shape.*\); "
+        r"resume with the flags it was trained with, or start over with --clean or another "
+        r"--model_dir",
+        str(raised.value),
+    ), raised.value
+
+
+def _events(count: int, size: int = 16):
+    """`count` steps of random (user, item) events, each with its source position."""
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        events = {
+            constants.USER_COLUMN: rng.integers(1, 40, size),
+            constants.ITEM_COLUMN: rng.integers(1, 25, size),
+        }
+        yield StreamBatch(events, {"offset": (index + 1) * size}, size)
+
+
+def test_the_online_trainer_resumes_from_the_newest_intact_checkpoint(tmp_path, caplog, capsys):
+    trained = online_ncf.build_rec_model(ONLINE)
+    trained.online_train(_events(4), [callbacks.CheckpointCallback(str(tmp_path), every_steps=2)])
+    intact, newest = str(tmp_path / "ckpt-2"), str(tmp_path / "ckpt-4")
+    expected = online_ncf.build_rec_model(ONLINE)  # ckpt-2 as a fresh model reads it
+    expected.checkpoint.read(intact).assert_existing_objects_matched()
+    expected.after_restore()
+    problem = damage_checkpoint(newest, "truncated")
+    resumed = online_ncf.build_rec_model(ONLINE)
+    checkpoint = callbacks.CheckpointCallback(str(tmp_path), every_steps=2)
+    resumed.online_train([], [checkpoint, callbacks.ReportRestore(checkpoint)])
+    assert checkpoint.restored_from == intact
+    assert int(resumed.step.numpy()) == 2 and resumed.position == {"offset": 32}
+    for kept, restored in zip(expected.network.weights, resumed.network.weights, strict=True):
+        np.testing.assert_array_equal(kept.numpy(), restored.numpy())
+    digest = callbacks.table_digest(expected.network)
+    assert callbacks.table_digest(resumed.network) == digest
+    assert f"restored {intact}: step=2 " in capsys.readouterr().out
+    (warning,) = _warnings(caplog)
+    assert re.fullmatch(
+        rf"{re.escape(newest)} is damaged \({problem}\); restored {re.escape(intact)}, the "
+        "newest intact checkpoint: the events trained after it are trained again where their "
+        "source can deliver them again",
+        warning,
+    ), warning

@@ -14,11 +14,20 @@ import sys
 
 import pytest
 import tensorflow as tf
-from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module, tiny_ncf_config
+from conftest import (
+    ROOT,
+    TINY_NCF_MAIN_FLAGS,
+    damage_checkpoint,
+    run_module,
+    run_module_on_a_tmpfs,
+    the_error_line,
+    tiny_ncf_config,
+)
 
 from official.utils.logs import mlperf_helper
 from official.utils.logs.mlperf_helper import MlperfOptions
-from official.utils.misc import machine
+from official.utils.misc import machine, model_dir
+from official.utils.misc.model_dir import ModelDirError
 from recommendation import data_pipeline, ncf_main, neumf_model
 from recommendation.ncf_common import NcfConfig
 
@@ -208,54 +217,36 @@ def _ncf_main(tmp_path, *flags: str) -> subprocess.CompletedProcess:
     )
 
 
-def _the_error_line(result: subprocess.CompletedProcess) -> str:
-    """The one `error:` line a failed command must end with (and no traceback)."""
-    lines = result.stderr.splitlines()
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert [line for line in lines if line.startswith("error: ")] == lines[-1:]
-    return lines[-1]
-
-
 def test_a_model_dir_that_is_a_file_ends_with_one_error_line(tmp_path):
     (tmp_path / "model").write_text("")
     result = _ncf_main(tmp_path, f"--model_dir={tmp_path / 'model'}")
-    assert _the_error_line(result) == (
+    assert the_error_line(result) == (
         f"error: --model_dir {tmp_path / 'model'} is a file, not a folder: give a folder for "
         "the checkpoints and logs"
     )
 
 
-def _can_mount_a_private_tmpfs() -> bool:
-    probe = "mount -t tmpfs tmpfs /mnt"
-    return bool(shutil.which("unshare")) and (
-        subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True).returncode == 0
-    )
-
-
-@pytest.mark.skipif(not _can_mount_a_private_tmpfs(), reason="needs unshare -rm (util-linux)")
 def test_a_full_disk_under_model_dir_ends_with_one_line_and_no_partial_checkpoint(tmp_path):
-    # A real full disk: a 64 KiB tmpfs in a private mount namespace, and a model whose
-    # checkpoint needs about 600 KB. Files are listed before the namespace goes away.
+    # A real full disk: a 64 KiB tmpfs, and a model whose checkpoint needs about 600 KB.
     disk = tmp_path / "disk"
     disk.mkdir()
-    command = " ".join(
-        [sys.executable, "-m", "recommendation.ncf_main", *TINY_NCF_MAIN_FLAGS]
-        + [f"--data_dir={tmp_path / 'data'}", f"--model_dir={disk / 'model'}"]
-        + ["--num_factors=64", "--layers=128,64", "--train_epochs=1"]
-    )
-    script = (
-        f"mount -t tmpfs -o size=64k tmpfs {disk} && {command}; s=$?; ls -a {disk}/model; exit $s"
-    )
-    result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=ROOT
+    result, left = run_module_on_a_tmpfs(
+        disk,
+        "size=64k",
+        "recommendation.ncf_main",
+        *TINY_NCF_MAIN_FLAGS,
+        f"--data_dir={tmp_path / 'data'}",
+        f"--model_dir={disk}",
+        "--num_factors=64",
+        "--layers=128,64",
+        "--train_epochs=1",
     )
     assert re.fullmatch(
-        rf"error: cannot write checkpoint \d+ in {disk / 'model'}: no space left on the "
+        rf"error: cannot write checkpoint \d+ in {disk}: no space left on the "
         r"device; free space there or pass --model_dir with a folder on a disk with room; "
         r"none was kept",
-        _the_error_line(result),
+        the_error_line(result),
     )
-    left = result.stdout.split()
     assert [name for name in left if "ckpt" in name or name == "checkpoint"] == [], left
 
 
@@ -319,3 +310,83 @@ def test_a_stop_signal_keeps_the_checkpoint_and_says_how_to_resume(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resumed from {checkpoint} " in resumed.stderr
     assert f"{done + 1} epochs" in resumed.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trained:
+    folder: str  # data/ and model/ of a finished run of two epochs
+    checkpoints: tuple[str, str]  # after epoch 1 and epoch 2, as names in model/
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory) -> _Trained:
+    """An ncf-main run of two epochs (a checkpoint after each), to damage copies of."""
+    folder = tmp_path_factory.mktemp("two_epochs")
+    result = _ncf_main(folder, f"--model_dir={folder / 'model'}", "--train_epochs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = tf.train.get_checkpoint_state(str(folder / "model"))
+    first, second = (os.path.basename(path) for path in state.all_model_checkpoint_paths)
+    return _Trained(str(folder), (first, second), result.stdout)
+
+
+def _copy(trained: _Trained, tmp_path) -> tuple[str, str]:
+    """A copy of the trained run in tmp_path; its checkpoints' paths there."""
+    shutil.copytree(trained.folder, tmp_path, dirs_exist_ok=True)
+    first, second = trained.checkpoints
+    return str(tmp_path / "model" / first), str(tmp_path / "model" / second)
+
+
+def test_a_truncated_checkpoint_is_named_and_the_run_resumes_from_the_one_before(
+    tmp_path, two_epochs
+):
+    first, newest = _copy(two_epochs, tmp_path)
+    problem = damage_checkpoint(newest, "truncated")
+    result = _ncf_main(tmp_path, f"--model_dir={tmp_path / 'model'}", "--train_epochs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(
+        rf"^W.*\] {re.escape(newest)} is damaged \({problem}\); restored {re.escape(first)}, "
+        "the newest intact checkpoint$",
+        result.stderr,
+        re.MULTILINE,
+    ), result.stderr[-3000:]
+    assert re.search(rf"Resumed from {re.escape(first)} \(step \d+, 1 epochs done\)", result.stderr)
+    # Epoch 2 trained again from epoch 1's checkpoint: the same model as the first run's.
+    assert result.stdout.split(", target")[0] == two_epochs.stdout.split(", target")[0]
+    assert result.stdout.split(", target")[0].endswith(", 2 epochs")
+    assert model_dir.newest_intact(str(tmp_path / "model")) == newest  # written anew
+
+
+def test_with_every_checkpoint_damaged_ncf_main_refuses_and_deletes_nothing(tmp_path, two_epochs):
+    first, newest = _copy(two_epochs, tmp_path)
+    problem = damage_checkpoint(newest, "truncated")
+    damage_checkpoint(first, "no data file")
+    model = tmp_path / "model"
+    kept = {name: (model / name).read_bytes() for name in os.listdir(model)}
+    # In this process: the scan refuses before any weight is restored, and a
+    # ModelDirError ends the command in one line as the tests above show.
+    with pytest.raises(ModelDirError) as refused:
+        ncf_main.run(_config(tmp_path, model_dir=str(model), train_epochs=3))
+    assert re.fullmatch(
+        rf"no intact checkpoint in {re.escape(str(model))}: {re.escape(newest)} "
+        rf"\({problem}\) and {re.escape(first)} \({re.escape(os.path.basename(first))}"
+        r"\.data-\*: missing\) are damaged; train again with --clean or another --model_dir "
+        rf"\(copy {re.escape(str(model))} elsewhere first if its data matters\)",
+        str(refused.value),
+    )
+    assert {name: (model / name).read_bytes() for name in kept} == kept
+
+
+def test_a_stopped_or_finished_run_names_the_checkpoint_that_is_restored(tmp_path, two_epochs):
+    first, newest = _copy(two_epochs, tmp_path)
+    damage_checkpoint(newest, "flipped bytes")
+    # What a stop signal reports: the checkpoint the same command then resumes from.
+    assert ncf_main._kept_for_resume(_config(tmp_path)) == (
+        f"kept {first} (1 of 2 epochs done); the same command resumes from it, --clean starts over"
+    )
+    result = _ncf_main(tmp_path, f"--model_dir={tmp_path / 'model'}", "--train_epochs=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(
+        f"nothing left to train: {first} holds all 1 epochs; its model scores HR@10="
+    ), result.stdout
+    assert f"{newest} is damaged (" in result.stderr

@@ -257,7 +257,8 @@ def test_a_crash_before_the_first_checkpoint_dead_letters_once_and_exports_above
     newest = versioned_export.read_info(versioned_export.latest_export(str(export_base)))
     assert newest["step"] == _summary_step(text)
     assert not [name for name in os.listdir(export_base) if name.startswith(".")]
-    assert newest["position"] == {"id": _stream_ids(client)[-1], "dead_letters": 7}
+    position = newest["position"]
+    assert (position["id"], position["dead_letters"]) == (_stream_ids(client)[-1], 7)
 
     more_bad = [client.xadd("events", fields).decode() for fields in MALFORMED_ENTRIES[:2]]
     _Publisher(redis_server, _events(100, seed=5), rate=1e6).run()
@@ -533,3 +534,39 @@ def test_concepts_shared_with_ncf_main_are_its_flags():
 def test_bad_flags_are_rejected(args, message):
     with pytest.raises(absl_flags.IllegalFlagValueError, match=message):
         _parse("--events_dir=/e", *args)
+
+
+def test_events_trimmed_before_the_trainer_read_them_are_counted_in_its_summary(
+    valkey_server, tmp_path
+):
+    client = valkey_server.client()
+    _Publisher(valkey_server, _events(300, seed=8), rate=1e6).run()
+    # A trainer's consumer group read and acknowledged these, then the trainer stopped
+    # and the producer went on, capping the stream at 500 entries: 1,500 never read.
+    client.xgroup_create("events", "trainer", id="0")
+    [[_, delivered]] = client.xreadgroup("trainer", "trainer-0", {"events": ">"})
+    client.xack("events", "trainer", *[entry_id for entry_id, _ in delivered])
+    pipe = client.pipeline(transaction=False)
+    for user, item, stamp in _events(2000, seed=9).tolist():
+        fields = {"user": user, "item": item, "timestamp": stamp}
+        pipe.xadd("events", fields, maxlen=500, approximate=False)
+    pipe.execute()
+    model_dir, summary_file = tmp_path / "model", tmp_path / "summary.json"
+    trainer, out = _start(
+        tmp_path,
+        "trainer",
+        f"--redis_url={valkey_server.url}",
+        f"--model_dir={model_dir}",
+        f"--summary_file={summary_file}",
+        "--idle_timeout_secs=3",
+    )
+    text = _finish(trainer, out, tmp_path, "trainer")
+    assert "dead letters 0, lost events 1500, reconnects 0" in text
+    assert (
+        "1,500 entries of stream 'events' were trimmed before the trainer read them: they "
+        "are not trained (1,500 lost events in all)"
+    ) in open(tmp_path / "trainer.err").read()
+    summary = json.load(open(summary_file))
+    assert summary["events"] == 500 and summary["lost_events"] == 1500
+    position = _checkpoint_state(tf.train.latest_checkpoint(str(model_dir)))[2]
+    assert position["lost_events"] == 1500  # checkpointed: a restart goes on from it

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 
 import numpy as np
 import pytest
 from absl import flags
-from conftest import run_module, write_movies
+from conftest import run_module, run_module_on_a_tmpfs, the_error_line, write_movies
 
-from recommendation import recommend
+from recommendation import export, recommend
 from recommendation.movielens import DataError
+from recommendation.online import online_ncf, versioned_export
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -101,8 +103,116 @@ def test_malformed_movies_file_is_named(trained_export, tmp_path):
 
 def test_missing_export_dir_says_how_to_make_one(tmp_path):
     parsed = _parse(f"--export_dir={tmp_path / 'nothing'}", "--user_id=1")
-    with pytest.raises(DataError, match="no SavedModel in .*; export one with ncf-main"):
+    with pytest.raises(export.ExportError, match="no SavedModel in .*; export one with ncf-main"):
         recommend.run(parsed)
+
+
+def _truncate(path) -> None:
+    with open(path, "r+b") as stream:
+        stream.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.mark.parametrize(
+    "damage,damaged",
+    [
+        (
+            lambda export: _truncate(export / "variables" / "variables.data-00000-of-00001"),
+            "variables/variables.data-00000-of-00001 is truncated or corrupt",
+        ),
+    ],
+    ids=["variables_data_truncated"],  # the other damages: test_export's, in-process
+)
+def test_a_damaged_export_ends_with_one_error_line_and_writes_nothing(
+    trained_export, tmp_path, damage, damaged
+):
+    damaged_export = tmp_path / "export"
+    shutil.copytree(trained_export.export_dir, damaged_export)
+    damage(damaged_export)
+    (tmp_path / "users.txt").write_text(f"{trained_export.data.user_ids[0]}\n")
+    result = _run(
+        f"--export_dir={damaged_export}",
+        f"--users_file={tmp_path / 'users.txt'}",
+        f"--output={tmp_path / 'recommendations.csv'}",
+    )
+    assert the_error_line(result) == (
+        f"error: the export in {damaged_export} is damaged or incomplete: {damaged}; export "
+        f"it again with ncf-main --export_dir {damaged_export} or python -m "
+        f"recommendation.export --model_dir MODEL_DIR --export_dir {damaged_export} (and the "
+        "training run's flags)"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["export", "users.txt"]
+
+
+def test_an_online_export_version_is_told_apart(tmp_path):
+    params = online_ncf.OnlineParams(
+        mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0), user_capacity=64, item_capacity=32
+    )
+    module, signatures = online_ncf.serving(online_ncf.build_rec_model(params))
+    version = versioned_export.Exporter(str(tmp_path), module, signatures).export(1, {})
+    with pytest.raises(DataError) as raised:
+        recommend.Recommender(version)
+    assert str(raised.value) == (
+        f"{version} is a version of an ncf-online export, which only scores pairs (no "
+        "'recommend' signature); give --export_dir an export of ncf-main --export_dir or "
+        "python -m recommendation.export"
+    )
+
+
+@pytest.mark.parametrize(
+    "mount_options,problem",
+    [
+        (
+            "size=64k",
+            "no space left on the device; free space there or pass --output with a "
+            "folder on a disk with room",
+        ),
+        ("ro", "Read-only file system; pass --output with a writable folder"),
+    ],
+    ids=["full_disk", "read_only"],
+)
+def test_an_output_that_cannot_be_written_ends_with_one_error_line(
+    trained_export, tmp_path, mount_options, problem
+):
+    users = trained_export.data.user_ids
+    (tmp_path / "users.txt").write_text("".join(f"{user}\n" for user in users))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    result, left = run_module_on_a_tmpfs(
+        disk,
+        mount_options,
+        "recommendation.recommend",
+        f"--export_dir={trained_export.export_dir}",
+        f"--users_file={tmp_path / 'users.txt'}",
+        f"--output={disk / 'recommendations.csv'}",
+        "--k=50",  # rows of every user: more than 64 KiB
+    )
+    assert the_error_line(result) == f"error: cannot write recommendations.csv in {disk}: {problem}"
+    assert left == []  # no temporary file either
+
+
+def test_an_output_that_is_a_folder_is_refused(tmp_path):
+    with pytest.raises(DataError) as raised:
+        recommend.check_output(str(tmp_path))
+    assert str(raised.value) == (
+        f"--output {tmp_path} is a folder; give the path of the CSV file to write"
+    )
+
+
+def test_an_output_in_a_folder_that_does_not_exist_is_refused_before_any_work(
+    trained_export, tmp_path
+):
+    (tmp_path / "users.txt").write_text(f"{trained_export.data.user_ids[0]}\n")
+    output = tmp_path / "mistyped" / "recommendations.csv"
+    result = _run(
+        f"--export_dir={trained_export.export_dir}",
+        f"--users_file={tmp_path / 'users.txt'}",
+        f"--output={output}",
+    )
+    assert the_error_line(result) == (
+        f"error: --output {output}: its folder {tmp_path / 'mistyped'} does not exist; "
+        "create it, or give --output in an existing folder"
+    )
+    assert os.listdir(tmp_path) == ["users.txt"]
 
 
 @pytest.mark.parametrize(
@@ -111,6 +221,11 @@ def test_missing_export_dir_says_how_to_make_one(tmp_path):
         (["--user_id=1", "--users_file=u.txt", "--output=o.csv"], "exactly one of --user_id"),
         (["--users_file=u.txt"], "--users_file and --output go together"),
         (["--user_id=1", "--k=0"], "--k=0: 0 is not a positive integer"),
+        (
+            ["--user_id=9223372036854775808"],
+            "9223372036854775808 is not an integer in the range "
+            r"\[-9223372036854775808, 9223372036854775807\]",
+        ),
     ],
 )
 def test_invalid_flags_are_rejected(args, message):
@@ -120,7 +235,16 @@ def test_invalid_flags_are_rejected(args, message):
 
 @pytest.mark.parametrize(
     "contents,message",
-    [("1\n2\nbob\n", r"users.txt:3: 'bob' is not a user id"), ("\n\n", "holds no user ids")],
+    [
+        ("1\n2\nbob\n", r"users.txt:3: 'bob' is not a user id"),
+        ("\n\n", "holds no user ids"),
+        (
+            "1\n9223372036854775808\n",
+            "users.txt:2: 9223372036854775808 is not a user id: raw ids are 64-bit integers, "
+            "from -9223372036854775808 to 9223372036854775807",
+        ),
+        ("\n-9223372036854775809\n", "users.txt:2: -9223372036854775809 is not a user id"),
+    ],
 )
 def test_bad_users_file(tmp_path, contents, message):
     (tmp_path / "users.txt").write_text(contents)

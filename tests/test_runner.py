@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_PARAMS, tiny_runner, tiny_train_input_fn
+from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_input_fn
 
 from official.utils.misc import signals
 from official.utils.misc.model_dir import ModelDirError
@@ -199,3 +199,47 @@ def test_a_checkpoint_of_other_model_flags_is_named_as_such(tmp_path):
         r"--clean or another --model_dir",
     ):
         wider.restore()
+
+
+def _saved_at(runner: Runner, steps: int) -> str:
+    runner.train(tiny_train_input_fn, steps - runner.global_step)
+    return runner.save_checkpoint()
+
+
+def _checkpoint_files(directory) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if name.startswith("ckpt-"))
+
+
+def _state(directory) -> tuple[str, list[str]]:
+    state = tf.train.get_checkpoint_state(str(directory))
+    return state.model_checkpoint_path, list(state.all_model_checkpoint_paths)
+
+
+def test_after_a_damaged_checkpoint_the_next_saves_are_the_latest_and_the_fallback_is_kept(
+    tmp_path, caplog
+):
+    first = tiny_runner(str(tmp_path), keep_checkpoints=2)
+    for steps in (2, 4, 6):
+        _saved_at(first, steps)  # ckpt-2 pruned: ckpt-4 and ckpt-6 kept
+    damage_checkpoint(str(tmp_path / "ckpt-6"), "truncated")
+    damaged = (tmp_path / "ckpt-6.data-00000-of-00001").read_bytes()
+    resumed = tiny_runner(str(tmp_path), keep_checkpoints=2)
+    assert resumed.restore() and resumed.restored_from == str(tmp_path / "ckpt-4")
+    newer = _saved_at(resumed, 5)
+    # The new checkpoint is the latest; the damaged one takes no place among the two
+    # kept (the fallback stays) and is left as it was, out of the checkpoint state.
+    assert _state(tmp_path) == (newer, [str(tmp_path / "ckpt-4"), newer])
+    assert _checkpoint_files(tmp_path) == [
+        f"ckpt-{step}.{kind}" for step in (4, 5, 6) for kind in ("data-00000-of-00001", "index")
+    ]
+    assert (tmp_path / "ckpt-6.data-00000-of-00001").read_bytes() == damaged
+    caplog.clear()
+    again = tiny_runner(str(tmp_path), keep_checkpoints=2)
+    assert again.restore() and again.restored_from == newer and again.global_step == 5
+    assert "damaged" not in caplog.text  # no longer a candidate once newer ones exist
+    replaced = _saved_at(again, 6)  # the same number as the damaged one: written anew
+    assert _state(tmp_path) == (replaced, [newer, replaced])
+    last = tiny_runner(str(tmp_path), keep_checkpoints=2)
+    assert last.restore() and last.restored_from == replaced and last.global_step == 6
+    for left, right in zip(_weights(again), _weights(last), strict=True):
+        np.testing.assert_array_equal(left, right)

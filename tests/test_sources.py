@@ -504,6 +504,9 @@ def test_redis_restores_a_position_of_the_earlier_format(redis_server):
     restarted = sources.RedisSource(redis_server.client(), "events")
     restarted.restore(checkpointed.position["id"])  # a bare entry id
     assert [user for user, _ in _read_all(restarted)[0]] == [2, 3]
+    counts = sources.RedisSource(redis_server.client(), "events")
+    counts.restore({"id": checkpointed.position["id"], "dead_letters": 3})  # no lost events
+    assert (counts.dead_letters, counts.lost_events) == (3, 0)
 
 
 def test_redis_source_rides_out_a_server_restart(redis_server):
@@ -555,3 +558,207 @@ def test_the_test_redis_server_moves_off_a_port_taken_before_its_first_start(tmp
             assert server.port == moved_to and server.client().ping()
         finally:
             server.kill()
+
+
+# ---------------------------------------------------------------------------
+# Redis: entries trimmed before the trainer read them (real MAXLEN trimming, on a
+# server without stream counters, Redis 6.2, and one with them, Valkey 9: Redis 7's)
+
+
+def _publish_capped(client, users, maxlen: int) -> None:
+    """Adds an event per user as a producer capping the stream does (XADD MAXLEN, exact:
+    ``~`` trims whole nodes of ~100 entries, none of so short a stream)."""
+    for user in users:
+        fields = {"user": user, "item": user, "timestamp": user}
+        client.xadd("events", fields, maxlen=maxlen, approximate=False)
+
+
+def _counts_entries(client) -> bool:
+    """Whether the server keeps stream counters (Redis >= 7: entries-added)."""
+    return "entries-added" in client.xinfo_stream("events")
+
+
+def _trim_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "trimmed" in r.getMessage()]
+
+
+ADVICE = (
+    "raise the stream's MAXLEN above the events added during the trainer's longest lag "
+    "or stop, or shorten those (README: Redis Streams, lost events)"
+)
+
+
+def _cannot_count(last_read: str) -> str:
+    return (
+        f"stream 'events' was trimmed past {last_read}, the last entry the trainer's "
+        "consumer group read: entries added after it, if any, were trimmed before the "
+        "trainer read them, and cannot be counted (this Redis keeps no stream counters "
+        f"(Redis >= 7 does)), so lost events leave them out; {ADVICE}"
+    )
+
+
+def test_redis_entries_trimmed_while_the_trainer_was_stopped_are_counted_once(
+    each_redis_server, caplog
+):
+    client = each_redis_server.client()
+    _publish(client, "events", [(u, u, u) for u in range(10)])
+    first = sources.RedisSource(each_redis_server.client(), "events")
+    trained = first.read(4, 0.1)
+    first.commit(trained.position)  # 0-3 trained and checkpointed; then it stops
+    _publish_capped(client, range(10, 30), maxlen=5)  # 4-24 trimmed unread
+    caplog.clear()
+    restarted = sources.RedisSource(each_redis_server.client(), "events")
+    restarted.restore(trained.position)
+    events, position = _read_all(restarted, chunk=10)
+    assert [user for user, _ in events] == list(range(25, 30))
+    if _counts_entries(client):
+        assert _trim_warnings(caplog) == [
+            "21 entries of stream 'events' were trimmed before the trainer read them: "
+            f"they are not trained (21 lost events in all); {ADVICE}"
+        ]
+        assert restarted.lost_events == 21 == position["lost_events"]
+    else:
+        assert _trim_warnings(caplog) == [_cannot_count(trained.position["id"])]
+        assert restarted.lost_events == 0 == position["lost_events"]
+    restarted.commit(position)
+    lost = restarted.lost_events
+    _publish_capped(client, range(30, 32), maxlen=5)  # trims only entries read
+    caplog.clear()
+    again = sources.RedisSource(each_redis_server.client(), "events")
+    again.restore(position)  # the total travels in the position, and is not counted twice
+    events, position = _read_all(again, chunk=10)
+    again.close()
+    assert [user for user, _ in events] == [30, 31]
+    assert again.lost_events == lost == position["lost_events"] and not _trim_warnings(caplog)
+
+
+def test_redis_a_restart_from_a_checkpoint_before_the_trimmed_entries_counts_them_again(
+    valkey_server,
+):
+    """Killed after reading past trimmed entries and before its next checkpoint, the
+    trainer restarts from a position that does not count them: they are counted again
+    (the group's counter, not this process, says how many it skipped)."""
+    client = valkey_server.client()
+    _publish(client, "events", [(u, u, u) for u in range(10)])
+    first = sources.RedisSource(valkey_server.client(), "events")
+    checkpointed = first.read(4, 0.1)
+    first.commit(checkpointed.position)
+    _publish_capped(client, range(10, 30), maxlen=5)
+    crashed = sources.RedisSource(valkey_server.client(), "events")
+    crashed.restore(checkpointed.position)
+    assert len(_read_all(crashed)[0]) == 5 and crashed.lost_events == 21  # then killed
+    restarted = sources.RedisSource(valkey_server.client(), "events")
+    restarted.restore(checkpointed.position)
+    events, _ = _read_all(restarted)  # 25-29 again, from the pending list
+    assert [user for user, _ in events] == list(range(25, 30))
+    assert restarted.lost_events == 21
+    _publish_capped(client, [30], maxlen=5)
+    assert restarted.read(10, 0.1).position["lost_events"] == 21  # the next chunk's
+
+
+def test_redis_a_loss_the_counters_cannot_tell_is_reported_uncounted(valkey_server, caplog):
+    """Redis forgets a group's entries-read once it reads past an entry deleted with
+    XDEL; restored from a position of the earlier format (no count of its own either),
+    the source cannot count what was trimmed, and says so."""
+    client = valkey_server.client()
+    ids = _publish(client, "events", [(u, u, u) for u in range(10)])
+    first = sources.RedisSource(valkey_server.client(), "events")
+    assert len(first.read(3, 0.1)) == 3
+    client.xdel("events", ids[5])
+    chunk = first.read(4, 0.1)
+    first.commit(chunk.position)
+    client.xtrim("events", maxlen=1, approximate=False)  # 8 trimmed unread
+    caplog.clear()
+    restarted = sources.RedisSource(valkey_server.client(), "events")
+    restarted.restore({"id": chunk.position["id"], "dead_letters": 0})
+    assert _read_all(restarted)[0] == [(9, 9)]
+    assert _trim_warnings(caplog) == [
+        _cannot_count(ids[7].decode()).replace(
+            "this Redis keeps no stream counters (Redis >= 7 does)",
+            "the group's entries-read is unknown: entries deleted with XDEL, or XGROUP SETID",
+        )
+    ]
+    assert restarted.lost_events == 0
+
+
+def test_redis_entries_trimmed_between_reads_are_counted(each_redis_server, caplog):
+    client = each_redis_server.client()
+    ids = _publish(client, "events", [(u, u, u) for u in range(8)])
+    source = sources.RedisSource(each_redis_server.client(), "events", trim_check_secs=0)
+    assert source.read(8, 0.1).users.tolist() == list(range(8))
+    _publish_capped(client, range(8, 20), maxlen=4)  # 8-15 trimmed before the next read
+    caplog.clear()
+    chunk = source.read(10, 0.1)
+    assert chunk.users.tolist() == [16, 17, 18, 19]
+    if _counts_entries(client):
+        assert _trim_warnings(caplog) == [
+            "8 entries of stream 'events' were trimmed before the trainer read them: "
+            f"they are not trained (8 lost events in all); {ADVICE}"
+        ]
+        assert source.lost_events == 8 == chunk.position["lost_events"]
+    else:
+        assert _trim_warnings(caplog) == [_cannot_count(ids[7].decode())]
+        assert source.lost_events == 0 == chunk.position["lost_events"]
+
+
+def test_redis_entries_skipped_between_two_checks_are_counted_by_the_next(valkey_server):
+    """A check every few seconds: entries trimmed and skipped by a read between two
+    checks are counted by the next one (the last: at close, for the run's summary)."""
+    client = valkey_server.client()
+    _publish(client, "events", [(u, u, u) for u in range(8)])
+    source = sources.RedisSource(valkey_server.client(), "events", trim_check_secs=3600)
+    assert source.read(8, 0.1).users.tolist() == list(range(8))  # checked before it
+    _publish_capped(client, range(8, 20), maxlen=4)
+    assert source.read(10, 0.1).users.tolist() == [16, 17, 18, 19]  # not checked
+    assert source.lost_events == 0
+    source.close()
+    assert source.lost_events == 8
+
+
+def test_redis_pending_entries_trimmed_before_training_are_lost_not_dead_letters(
+    each_redis_server, caplog
+):
+    client = each_redis_server.client()
+    _publish(client, "events", [(u, u, u) for u in range(10)])
+    crashed = sources.RedisSource(each_redis_server.client(), "events")
+    checkpointed = crashed.read(2, 0.1)
+    crashed.commit(checkpointed.position)
+    assert len(crashed.read(4, 0.1)) == 4  # 2-5 delivered, then the trainer is killed
+    client.xtrim("events", maxlen=6, approximate=False)  # 0-3 trimmed: 2 and 3 pending
+    caplog.clear()
+    restarted = sources.RedisSource(each_redis_server.client(), "events")
+    restarted.restore(checkpointed.position)
+    events, position = _read_all(restarted, chunk=10)
+    restarted.close()
+    assert [user for user, _ in events] == list(range(4, 10))
+    assert restarted.dead_letters == 0 and client.xlen("events:dead") == 0
+    assert _trim_warnings(caplog) == [
+        "2 entries of stream 'events' were delivered to the trainer and trimmed before "
+        f"training: they are not trained (2 lost events in all); {ADVICE}"
+    ]
+    assert restarted.lost_events == 2 == position["lost_events"]
+    restarted.commit(position)
+    assert _pending(client) == 0  # acknowledged with the rest
+
+
+def test_redis_a_trainer_keeping_up_with_a_capped_stream_loses_nothing(each_redis_server, caplog):
+    """MAXLEN trims only entries already read: nothing lost, nothing reported."""
+    client = each_redis_server.client()
+    source = sources.RedisSource(each_redis_server.client(), "events", trim_check_secs=0)
+    trained = []
+    for start in range(0, 30, 3):
+        _publish_capped(client, range(start, start + 3), maxlen=5)
+        chunk = source.read(10, 0.1)
+        trained += chunk.users.tolist()
+        source.commit(chunk.position)
+    assert trained == list(range(30)) and source.lost_events == 0
+    assert not _trim_warnings(caplog)
+    # All read, then exactly MAXLEN more: the stream's first entry is after the last
+    # one read, and is its successor. Redis 7 counters tell; without them, it may not be.
+    last_read = chunk.ids[-1]
+    _publish_capped(client, range(30, 35), maxlen=5)
+    assert _read_all(source, chunk=10)[0] == [(u, u) for u in range(30, 35)]
+    source.close()
+    assert source.lost_events == 0
+    expected = [] if _counts_entries(client) else [_cannot_count(last_read)]
+    assert _trim_warnings(caplog) == expected

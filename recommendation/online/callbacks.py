@@ -1,6 +1,7 @@
 """Ready-made callbacks for `RecModel.online_train`: checkpoint (with the stream
-offsets, then commit), periodic export, metric logging, stopping, an audit log of the
-trained events and a report of the restored state."""
+offsets, then commit), periodic export, metric logging (log line, history, TensorBoard),
+the hash tables watched, stopping, an audit log of the trained events and a report of
+the restored state."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import model_dir
+from official.utils.logs.summaries import ScalarSummaries
+from official.utils.misc import model_dir, writer_lease
+from official.utils.misc.write_failures import WriteFailures
 from recommendation.online import versioned_export
 from recommendation.online.online_ncf import OnlineNeuMF
 from recommendation.online.rec_model import Callback, RecModel
@@ -67,8 +70,9 @@ class _Periodic(Callback):
 
 
 class CheckpointCallback(_Periodic):
-    """Restores the latest checkpoint at the start; saves every N steps or seconds and
-    at the end; after each save, commits the stream position it holds.
+    """Restores the newest intact checkpoint at the start; saves every N steps or
+    seconds and at the end (unless another process has taken over the folder's lease);
+    after each save, commits the stream position it holds.
 
     Args:
         directory: Checkpoint folder.
@@ -93,7 +97,13 @@ class CheckpointCallback(_Periodic):
         self.manager = tf.train.CheckpointManager(
             rec_model.checkpoint, self.directory, max_to_keep=self.keep
         )
-        latest = model_dir.restore_latest(rec_model.new_checkpoint, self.directory)
+        latest = model_dir.restore_latest(
+            rec_model.new_checkpoint,
+            self.directory,
+            self.manager,
+            fallback_means="the events trained after it are trained again where their "
+            "source can deliver them again",
+        )
         if latest is not None:
             rec_model.after_restore()
             self.restored_from = latest
@@ -105,6 +115,9 @@ class CheckpointCallback(_Periodic):
         commit made before the checkpoint is on disk could outlive what it vouches for)."""
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
+        # Another trainer that took this folder over must not lose its checkpoints to
+        # this one, nor this one acknowledge events to a model that is overwritten.
+        writer_lease.check_held(self.directory)
         rec_model.before_save()
         path = model_dir.save_checkpoint(self.manager, step, durable=True)
         rec_model.commit()
@@ -117,6 +130,10 @@ class ExportCallback(_Periodic):
     """Exports a serving SavedModel every N steps or seconds and at the end, as the
     next version of `export_base` (the step, or above the newest version already there:
     `versioned_export.Exporter`), atomically, keeping the last `keep`.
+
+    An export that cannot be written (a full disk, no permission) costs no training:
+    it is logged and counted (`failures`), nothing of it is listed or served, and the
+    next one is tried on schedule.
 
     Args:
         export_base: Folder of versions.
@@ -137,30 +154,36 @@ class ExportCallback(_Periodic):
         self.export_base, self.serving, self.keep = export_base, serving, keep
         self._exporter: versioned_export.Exporter | None = None
         self.exported: list[str] = []
+        self.failures = WriteFailures("the export", export_base, "--export_dir")
 
-    def act(self) -> str:
-        """Exports the current model now."""
+    def act(self) -> str | None:
+        """Exports the current model now; returns its folder (None: it failed)."""
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
+        self.schedule.mark(step)
         if self._exporter is None:  # traced and saved once; later only the values
             module, signatures = self.serving(rec_model)
             self._exporter = versioned_export.Exporter(
                 self.export_base, module, signatures, self.keep
             )
-        path = self._exporter.export(step, {"step": step, "position": rec_model.position})
-        self.schedule.mark(step)
-        self.exported.append(path)
-        logging.info("exported %s", path)
-        return path
+        with self.failures.guard():
+            path = self._exporter.export(step, {"step": step, "position": rec_model.position})
+            self.exported.append(path)
+            logging.info("exported %s", path)
+            return path
+        return None
 
 
 class MetricLogger(Callback):
-    """Logs step, events, events/s and the step logs every N steps or seconds, and
-    keeps them in `history` (one dict per report).
+    """Logs step, events, events/s, the step logs and `gauges` every N steps or
+    seconds, keeps them in `history` (one dict per report) and writes them to
+    TensorBoard.
 
     Args:
         every_steps, every_seconds: Reporting cadence.
         keys: Log entries to show (default: all).
+        gauges: Called at each report for more values to report (``{name: number}``).
+        summaries: Where the reports go for TensorBoard (None: nowhere).
     """
 
     def __init__(
@@ -168,10 +191,14 @@ class MetricLogger(Callback):
         every_steps: int | None = None,
         every_seconds: float | None = None,
         keys: tuple[str, ...] | None = None,
+        gauges: Callable[[], dict[str, float]] | None = None,
+        summaries: ScalarSummaries | None = None,
     ) -> None:
         super().__init__()
         self.schedule = _Schedule(every_steps, every_seconds)
         self.keys = keys
+        self.gauges = gauges
+        self.summaries = summaries or ScalarSummaries(None)
         self.history: list[dict] = []
         self._start = self._last_time = time.monotonic()
         self._last_events = 0
@@ -203,8 +230,10 @@ class MetricLogger(Callback):
             "seconds": now - self._start,
             "events_per_second": (events - self._last_events) / max(now - self._last_time, 1e-9),
             **{key: total / self._count for key, total in self._sums.items()},
+            **(self.gauges() if self.gauges else {}),
         }
         self.history.append(record)
+        self.summaries.write(record["step"], {k: v for k, v in record.items() if k != "step"})
         shown = {k: v for k, v in record.items() if self.keys is None or k in self.keys}
         logging.info(
             "online: %s",
@@ -257,6 +286,82 @@ class StopAfter(Callback):
     def _check_time(self) -> None:
         if self.seconds is not None and time.monotonic() - self._start > self.seconds:
             self.rec_model.stop_training = True
+
+
+class TableWatch(Callback):
+    """Watches the user and item hash tables of an `OnlineNeuMF`: their counts for the
+    metric reports and the summary (`counts`), and a warning when a full table refuses
+    new ids (they read the shared default row, never learnt), naming the flag to
+    change: the first refusal at once, then at most every `warn_every_seconds`.
+
+    Args:
+        capacity_flags: The flag that sizes each table, by ``"user"`` and ``"item"``.
+        evict_flag: The flag that frees rows of ids unseen for a while.
+        warn_every_seconds: Shortest interval between two warnings about one table.
+    """
+
+    TABLES = ("user", "item")
+
+    def __init__(
+        self,
+        capacity_flags: dict[str, str] | None = None,
+        evict_flag: str = "--evict_filter_value",
+        warn_every_seconds: float = 300.0,
+    ) -> None:
+        super().__init__()
+        self.capacity_flags = capacity_flags or {t: f"--{t}_capacity" for t in self.TABLES}
+        self.evict_flag = evict_flag
+        self.warn_every_seconds = warn_every_seconds
+        self._warned: dict[str, tuple[float, int]] = {}  # table -> (when, refused then)
+
+    def _table(self, name: str):
+        return getattr(self.rec_model.network, f"{name}_embedding")
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Each table's `HashEmbedding.counts`, by ``"user"`` and ``"item"``."""
+        return {name: self._table(name).counts() for name in self.TABLES}
+
+    def gauges(self) -> dict[str, int]:
+        """`counts` flattened for a metric report: ``user_ids``, ``user_refused``, ..."""
+        return {
+            f"{name}_{key}": value
+            for name, counts in self.counts().items()
+            for key, value in counts.items()
+            if key != "capacity"
+        }
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        for name in self.TABLES:
+            table = self._table(name)
+            refused = int(table.num_rejected.numpy())  # one scalar read a sink
+            when, then = self._warned.get(name, (None, 0))
+            if refused == then:
+                continue
+            now = time.monotonic()
+            if when is not None and now - when < self.warn_every_seconds:
+                continue
+            self._warned[name] = (now, refused)
+            evicting = table.evict_filter_value
+            free = (
+                f"or lower {self.evict_flag} (now {evicting}) to free rows of ids unseen "
+                "for fewer steps"
+                if evicting
+                else f"or set {self.evict_flag} to free rows of ids unseen for that many steps"
+            )
+            since = f" ({refused - then:,} since the last warning)" if then else ""
+            logging.warning(
+                "the %s table is full: all %s rows hold ids, and %s admissions of new %ss "
+                "were refused so far%s: those %ss read the shared default row and are not "
+                "learnt; raise %s, %s",
+                name,
+                f"{table.capacity:,}",
+                f"{refused:,}",
+                name,
+                since,
+                name,
+                self.capacity_flags[name],
+                free,
+            )
 
 
 def table_digest(network: OnlineNeuMF) -> str:

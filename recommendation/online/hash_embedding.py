@@ -214,6 +214,19 @@ class HashEmbedding(keras.layers.Layer):
         """Ids that hold a row."""
         return tf.reduce_sum(tf.cast(self.last_seen >= 0, tf.int64))
 
+    def counts(self) -> dict[str, int]:
+        """What the table holds and has done since it was created (eagerly): ``ids``
+        holding a row, its ``capacity``, ids ``admitted``, rows ``evicted``, and
+        ``refused`` admissions (an id that reached admission while every row was
+        taken; refused again at each later step that sees it)."""
+        return {
+            "ids": int(self.size()),
+            "capacity": self.capacity,
+            "admitted": int(self.num_admitted.numpy()),
+            "evicted": int(self.num_evicted.numpy()),
+            "refused": int(self.num_rejected.numpy()),
+        }
+
     def contents(self) -> tuple[tf.Tensor, tf.Tensor]:
         """`(keys, slots)` of every admitted id, sorted by slot (a stable view for
         comparing tables)."""

@@ -16,6 +16,9 @@ that buys:
   once, nothing lost. Pending entries at or before the checkpointed id (trained and
   checkpointed, but not yet acknowledged when the trainer died) are acknowledged
   without training them twice. Connection failures are retried with back-off.
+  Entries trimmed from the stream (``MAXLEN``, ``XTRIM``) before the trainer read
+  them are counted (`RedisSource.lost_events`, exactly where the server keeps stream
+  counters: Redis >= 7) and reported in a warning.
 
 Every event goes through one conversion, `parse_event`: user and item ids must be
 integers in [0, 2**63 - 1] (`MAX_ID`; negative int64 values are refused because the
@@ -26,7 +29,8 @@ goes to a dead-letter sink (a JSON-lines file, or a Redis stream) with its reaso
 is acknowledged with the events around it. Dead letters are written once per event
 (keyed by the event's source id, so a restart that reads an event again does not
 record it twice), and their count is part of the position, so that it is checkpointed
-and restored with it: `dead_letters` is the total over restarts.
+and restored with it: `dead_letters` is the total over restarts (and so is a Redis
+source's `lost_events`).
 """
 
 from __future__ import annotations
@@ -456,20 +460,51 @@ def redis_entry_id(position: dict | str | None) -> str | None:
     return position["id"] if isinstance(position, dict) else position
 
 
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _stream_id(value: str | bytes) -> tuple[int, int]:
-    text = value.decode() if isinstance(value, bytes) else value
-    milliseconds, _, sequence = text.partition("-")
+    milliseconds, _, sequence = _text(value).partition("-")
     return int(milliseconds), int(sequence or 0)
 
 
-def _redis_event(flat: list | None) -> tuple[int, int, int]:
+def _redis_event(flat: list) -> tuple[int, int, int]:
     """(user, item, timestamp) of a stream entry's flat ``[field, value, ...]`` list
     (the general path: `_plain_redis_events` converts the common entries)."""
-    if not flat:
-        raise ValueError("the entry was deleted from the stream")
     fields = dict(zip(flat[::2], flat[1::2], strict=True))
     record = fields.get(JSON_FIELD.encode())
     return parse_event(record if record is not None else fields)
+
+
+# What a warning about trimmed entries advises.
+_TRIMMED_ADVICE = (
+    "raise the stream's MAXLEN above the events added during the trainer's longest lag "
+    "or stop, or shorten those (README: Redis Streams, lost events)"
+)
+
+
+def _group_entries_read(group: dict, stream: dict, accounted: int | None) -> int | None:
+    """How many entries had been added to the stream up to the group's last-delivered
+    id (XINFO GROUPS and XINFO STREAM replies; None: unknown, as on Redis < 7).
+
+    Exact where that id is the last one added, or the group has read nothing (it starts
+    at the first entry); else the group's entries-read, or `accounted` (what the source
+    made of the counter before) when that is higher: Redis before 8.0 and Valkey before
+    8.0.3 do not advance entries-read past the entries a group skips, so there the
+    skipped entries are counted later (once the group is behind the first entry again,
+    or has read the last one).
+    """
+    added = stream.get("entries-added")
+    if added is None:
+        return None
+    delivered = _stream_id(group["last-delivered-id"])
+    if delivered == _stream_id(stream["last-generated-id"]):
+        return added
+    if delivered == (0, 0):
+        return added - stream["length"]
+    known = [count for count in (group.get("entries-read"), accounted) if count is not None]
+    return max(known, default=None)
 
 
 class RedisSource:
@@ -477,10 +512,35 @@ class RedisSource:
 
     Entries hold ``user``, ``item`` and ``timestamp`` fields, or one ``json`` field
     with an object of them. The position is ``{"id": last entry id read,
-    "dead_letters": count}``. Malformed entries are copied to the
-    `dead_letter_stream` under their own entry id (with an ``id`` field, the error and
-    the payload), which makes that copy idempotent: Redis refuses a second entry with
-    the same id. They are acknowledged with the rest.
+    "dead_letters": count, "lost_events": count, "entries_read": count or None}``.
+    Malformed entries are copied to the `dead_letter_stream` under their own entry id
+    (with an ``id`` field, the error and the payload), which makes that copy
+    idempotent: Redis refuses a second entry with the same id. They are acknowledged
+    with the rest.
+
+    A stream capped with ``MAXLEN`` (or ``XTRIM``) drops its oldest entries whether
+    the group read them or not: those trimmed before the trainer read them are never
+    trained. `lost_events` counts them (the total over restarts, like `dead_letters`),
+    and each time some are found a warning says how many. Two ways to lose them:
+
+    - Trimmed before delivery. The consumer group skips them without a trace, so the
+      stream's counters tell (XINFO GROUPS and XINFO STREAM, in one transaction, before
+      the first read of new entries, then every `trim_check_secs` on the read path,
+      and at `close`): the group's ``entries-read`` is the number of entries ever
+      added up to its last-delivered id, ``entries-added`` the number ever added.
+      Entries it skipped since the last check make its entries-read run ahead of what
+      this source received (``entries_read`` in the position: what it has accounted
+      for, so that a restart from an older checkpoint counts again what that
+      checkpoint had not); entries trimmed ahead of it (the stream's first entry is
+      after its last-delivered id) are entries-added - entries-read - length. The
+      first entry being after the last-delivered id is no loss by itself: it may be
+      the next one. Redis before 7 keeps no such counters: a warning then says that
+      entries may have been trimmed and cannot be counted, and `lost_events` leaves
+      them out. A group that has read nothing yet starts at the stream's first entry:
+      what was trimmed before is not counted. Entries deleted with XDEL before they
+      were read are counted with the trimmed ones, where the counters tell.
+    - Trimmed after delivery, before training (after a crash, the pending entries
+      re-read come back without fields): counted, and acknowledged with the rest.
 
     Args:
         client: A ``redis.Redis`` client (``redis.Redis.from_url(...)``).
@@ -488,6 +548,7 @@ class RedisSource:
             (keep it across restarts: its pending entries are re-read at start).
         dead_letter_stream: Stream receiving malformed entries.
         max_backoff: Longest wait between reconnection attempts, seconds.
+        trim_check_secs: Seconds between checks for trimmed entries (one round trip).
     """
 
     def __init__(
@@ -498,6 +559,7 @@ class RedisSource:
         consumer: str = "trainer-0",
         dead_letter_stream: str | None = None,
         max_backoff: float = 2.0,
+        trim_check_secs: float = 5.0,
     ) -> None:
         # A client of its own on the same connections, whose XREADGROUP replies stay
         # raw lists: redis-py's per-entry dicts cost more than training on them.
@@ -506,9 +568,15 @@ class RedisSource:
         self.stream, self.group, self.consumer = stream, group, consumer
         self.dead_letter_stream = dead_letter_stream or f"{stream}:dead"
         self.max_backoff = max_backoff
+        self.trim_check_secs = trim_check_secs
         self.dead_letters = 0
+        self.lost_events = 0
         self.reconnects = 0
         self.exhausted = False  # a stream never ends
+        # Entries ever added to the stream up to the last one read, less those trimmed
+        # before they were read and not counted yet (None: unknown, as on Redis < 7).
+        self._entries_read: int | None = None
+        self._next_trim_check = 0.0
         self._after: tuple[int, int] | None = None
         self._pending_cursor: str | bytes | None = "0"
         self._last_read: str | None = None
@@ -518,9 +586,13 @@ class RedisSource:
         self._backoff = 0.0
 
     def restore(self, position: dict | str | None) -> None:
-        """Resumes after `position` (also the bare entry id of earlier versions)."""
+        """Resumes after `position` (also the positions of earlier versions: the bare
+        entry id, no lost events)."""
         entry_id = redis_entry_id(position)
-        self.dead_letters = position["dead_letters"] if isinstance(position, dict) else 0
+        counts = position if isinstance(position, dict) else {}
+        self.dead_letters = counts.get("dead_letters", 0)
+        self.lost_events = counts.get("lost_events", 0)
+        self._entries_read = counts.get("entries_read")
         self._after = _stream_id(entry_id) if entry_id else None
         self._pending_cursor = "0"
 
@@ -560,6 +632,8 @@ class RedisSource:
             entries = self._skip_checkpointed(entries)
             if entries:
                 return entries
+        if time.monotonic() >= self._next_trim_check:
+            self._check_trimmed()
         reply = self.client.xreadgroup(
             self.group,
             self.consumer,
@@ -603,9 +677,12 @@ class RedisSource:
         whole reply be read again, from the pending list)."""
         ids = [entry_id.decode() for entry_id, _ in entries]
         events, good = _plain_redis_events([flat for _, flat in entries])
-        dead = 0
+        dead = trimmed = 0
         for index in np.flatnonzero(~good):
             flat = entries[index][1]
+            if flat is None:  # a pending entry trimmed since it was delivered
+                trimmed += 1
+                continue
             try:
                 events[index] = _redis_event(flat)
             except ValueError as error:
@@ -614,20 +691,83 @@ class RedisSource:
                 continue
             good[index] = True
         self.dead_letters += dead
+        if trimmed:
+            self._report_lost(trimmed, "delivered to the trainer and trimmed before training")
+        if self._entries_read is not None:
+            self._entries_read += len(ids)
         self._delivered.append((_stream_id(ids[-1]), ids))
         self._last_read = ids[-1]
-        good_ids = ids if not dead else [ids[i] for i in np.flatnonzero(good)]
+        good_ids = ids if not dead + trimmed else [ids[i] for i in np.flatnonzero(good)]
         events = events[good]
-        return EventChunk(
-            events[:, 0],
-            events[:, 1],
-            events[:, 2],
-            good_ids,
-            {"id": ids[-1], "dead_letters": self.dead_letters},
+        return EventChunk(events[:, 0], events[:, 1], events[:, 2], good_ids, self._position())
+
+    def _position(self) -> dict:
+        return {
+            "id": self._last_read,
+            "dead_letters": self.dead_letters,
+            "lost_events": self.lost_events,
+            "entries_read": self._entries_read,
+        }
+
+    def _check_trimmed(self) -> None:
+        """Counts the entries trimmed before the group read them (class docstring)."""
+        transaction = self.client.pipeline(transaction=True)  # both of one moment
+        transaction.xinfo_groups(self.stream)
+        transaction.xinfo_stream(self.stream)
+        groups, stream = transaction.execute()
+        self._next_trim_check = time.monotonic() + self.trim_check_secs
+        group = next((g for g in groups if _text(g["name"]) == self.group), None)
+        if group is None:
+            return  # gone: XREADGROUP says so
+        delivered = _stream_id(group["last-delivered-id"])
+        first = stream["first-entry"]
+        # Entries after the last-delivered id can be missing only if the stream holds
+        # none at or before it.
+        behind = _stream_id(stream["last-generated-id"]) > delivered and (
+            not first or _stream_id(first[0]) > delivered
+        )
+        entries_read = _group_entries_read(group, stream, self._entries_read)
+        lost = 0
+        if entries_read is not None and self._entries_read is not None:
+            lost = max(0, entries_read - self._entries_read)  # skipped since the last check
+        if behind and entries_read is not None:
+            ahead = max(0, stream["entries-added"] - entries_read - stream["length"])
+            lost += ahead
+            entries_read += ahead  # what the group's counter says once it reads on
+        self._entries_read = entries_read
+        if lost:
+            self._report_lost(lost, "trimmed before the trainer read them")
+        elif behind and entries_read is None and delivered != (0, 0):
+            reason = (
+                "this Redis keeps no stream counters (Redis >= 7 does)"
+                if "entries-added" not in stream
+                else "the group's entries-read is unknown: entries deleted with XDEL, or "
+                "XGROUP SETID"
+            )
+            logging.warning(
+                "stream %r was trimmed past %s, the last entry the trainer's consumer "
+                "group read: entries added after it, if any, were trimmed before the "
+                "trainer read them, and cannot be counted (%s), so lost events leave "
+                "them out; %s",
+                self.stream,
+                _text(group["last-delivered-id"]),
+                reason,
+                _TRIMMED_ADVICE,
+            )
+
+    def _report_lost(self, count: int, how: str) -> None:
+        self.lost_events += count
+        logging.warning(
+            "%s entries of stream %r were %s: they are not trained (%s lost events in all); %s",
+            f"{count:,}",
+            self.stream,
+            how,
+            f"{self.lost_events:,}",
+            _TRIMMED_ADVICE,
         )
 
-    def _dead_letter(self, entry_id: str, flat: list | None, error: str) -> None:
-        fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
+    def _dead_letter(self, entry_id: str, flat: list, error: str) -> None:
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
         letter = {"id": entry_id, "error": error, "payload": _payload_text(fields)}
         try:
             self.client.xadd(self.dead_letter_stream, letter, id=entry_id)
@@ -669,4 +809,11 @@ class RedisSource:
             self._delivered.appendleft((_stream_id(done[-1]), done))
 
     def close(self) -> None:
+        """Counts what was trimmed since the last check (so that the run's summary has
+        it), then closes the connections."""
+        if self._group_ready and self._pending_cursor is None:
+            try:
+                self._check_trimmed()
+            except redis.RedisError as error:
+                logging.warning("could not check %r for trimmed entries (%s)", self.stream, error)
         self.client.close()

@@ -1,7 +1,8 @@
 """JSON-lines benchmark log: run information first, then one record per event.
 
 Written by the chief only; each line is a complete JSON object flushed at once, so
-a reader (or a crash) never sees half a record.
+a reader (or a crash) never sees half a record. A write that fails (a full disk) is
+counted and logged, and the run goes on (`WriteFailures`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from official.utils.misc.write_failures import WriteFailures
+
 BENCHMARK_LOG_FILE = "benchmark.jsonl"
 
 
@@ -23,6 +26,7 @@ class BenchmarkLogger:
 
     def __init__(self, log_dir: str | None) -> None:
         self.path = os.path.join(log_dir, BENCHMARK_LOG_FILE) if log_dir else None
+        self.failures = WriteFailures("the benchmark log", log_dir or "", "--benchmark_log_dir")
         if self.path:
             tf.io.gfile.makedirs(log_dir)
 
@@ -30,8 +34,9 @@ class BenchmarkLogger:
         if self.path is None:
             return
         record = {"kind": kind, "time": time.time(), **values}
-        with tf.io.gfile.GFile(self.path, "a") as out:
-            out.write(json.dumps(record, default=_jsonable, sort_keys=True) + "\n")
+        with self.failures.guard():
+            with tf.io.gfile.GFile(self.path, "a") as out:
+                out.write(json.dumps(record, default=_jsonable, sort_keys=True) + "\n")
 
     def log_run_info(
         self, flag_values: dict, test_id: str | None = None, preset: dict | None = None

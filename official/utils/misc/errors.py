@@ -24,7 +24,8 @@ def os_message(error: Exception) -> str:
     if isinstance(error, OSError):
         return f"{error.filename}: {error.strerror}" if error.filename else str(error)
     message = getattr(error, "message", None) or str(error)
-    return re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]", "", message).strip().splitlines()[0]
+    # Eager ops end theirs with "[Op:<op>] name: <op name, often empty>".
+    return re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]( name:.*)?", "", message).strip().splitlines()[0]
 
 
 def _os_reason(error: Exception) -> str:

@@ -2,8 +2,9 @@
 RecModel) do the same way.
 
 - `prepare` checks the folder before anything is written there;
-- `restore_latest` restores the newest checkpoint, or says in one line that it was
-  made with other model flags or other data;
+- `restore_latest` restores the newest intact checkpoint (a damaged one is named, and
+  the one before it restored), or says in one line that it was made with other model
+  flags or other data;
 - `save_checkpoint` writes a checkpoint numbered by the training step and, when the disk is full
   or the folder read-only, removes what it had written and says which checkpoint is
   still the latest (optionally flushing it to disk first, for a caller that commits
@@ -17,6 +18,7 @@ import gc
 import glob
 import logging as py_logging
 import os
+import re
 from collections.abc import Callable, Iterator
 
 import tensorflow as tf
@@ -54,18 +56,38 @@ def prepare(model_dir: str) -> None:
         ) from None
 
 
-def restore_latest(new_checkpoint: Callable[[], tf.train.Checkpoint], directory: str) -> str | None:
-    """Restores the newest checkpoint in `directory` into the objects that
+def restore_latest(
+    new_checkpoint: Callable[[], tf.train.Checkpoint],
+    directory: str,
+    manager: tf.train.CheckpointManager | None = None,
+    fallback_means: str = "",
+) -> str | None:
+    """Restores the newest intact checkpoint in `directory` into the objects that
     `new_checkpoint()` holds; returns its path, or None when there is none.
 
-    The restore goes through a checkpoint object of its own: a failed restore leaves
-    that object holding the values it could not place, and it warns about each of them
-    when freed. It is freed here, quietly; the error says all there is to say.
+    A checkpoint is restored only once every tensor in it has been read back (a
+    truncated or changed file fails its checksums), so a damaged one leaves the objects
+    untouched: it is named in a warning, with what is wrong, and the one before it is
+    restored (`newest_intact`). The restore goes through a checkpoint object of its own:
+    a failed restore leaves that object holding the values it could not place, and it
+    warns about each of them when freed. It is freed here, quietly; the error says all
+    there is to say.
+
+    Args:
+        new_checkpoint: Makes a checkpoint object of the objects to restore.
+        directory: The checkpoints' folder.
+        manager: The manager that saves in `directory` from now on: it takes the
+            restored checkpoint as its latest and leaves the damaged ones alone (never
+            pruned in place of intact ones, nor counted among those it keeps; their
+            files stay until a save of the same number replaces them).
+        fallback_means: What restoring an older checkpoint means to the caller, for
+            the warning.
 
     Raises:
-        ModelDirError: The checkpoint does not fit these objects.
+        ModelDirError: The checkpoint does not fit these objects (another run's: no
+            older one is tried), or every checkpoint there is damaged.
     """
-    latest = tf.train.latest_checkpoint(directory)
+    latest, damaged = _scan(directory)
     if latest is None:
         return None
     mismatch = None
@@ -75,16 +97,134 @@ def restore_latest(new_checkpoint: Callable[[], tf.train.Checkpoint], directory:
             status = checkpoint.restore(latest).assert_existing_objects_matched()
             status.expect_partial()  # every object matched; extras (save_counter) unused
         except (ValueError, AssertionError, tf.errors.OpError) as error:
-            mismatch = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            mismatch = _first_line(error)
         del checkpoint
         gc.collect()
     if mismatch is not None:
+        newer = f"{_named(damaged)}, and " if damaged else ""
         raise ModelDirError(
-            f"the checkpoint {latest} was made with other model flags or other data "
+            f"{newer}the checkpoint {latest} was made with other model flags or other data "
             f"({mismatch}); resume with the flags it was trained with, or start over "
             "with --clean or another --model_dir"
         )
+    if damaged:
+        logging.warning(
+            "%s; restored %s, the newest intact checkpoint%s",
+            _named(damaged),
+            latest,
+            f": {fallback_means}" if fallback_means else "",
+        )
+    if manager is not None:
+        _go_on_from(manager, latest, [path for path, _ in damaged])
     return latest
+
+
+def newest_intact(directory: str) -> str | None:
+    """The checkpoint in `directory` that `restore_latest` would restore (every tensor
+    read back), or None when there is none.
+
+    Candidates, newest first: the checkpoint state's latest, the rest of its list from
+    the newest, then any other ``ckpt-<number>.index`` there, highest number first.
+
+    Raises:
+        ModelDirError: Every checkpoint there is damaged (naming each and what is wrong).
+    """
+    return _scan(directory)[0]
+
+
+def _scan(directory: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """The newest intact checkpoint in `directory` (None: there is none) and the newer
+    ones that are damaged, each with what is wrong (`_damage`).
+
+    Raises:
+        ModelDirError: Every checkpoint there is damaged.
+    """
+    damaged = []
+    for path in _candidates(directory):
+        problem = _damage(path)
+        if problem is None:
+            return path, damaged
+        damaged.append((path, problem))
+    if damaged:
+        raise ModelDirError(
+            f"no intact checkpoint in {directory}: {_named(damaged)}; train again with "
+            f"--clean or another --model_dir (copy {directory} elsewhere first if its data "
+            "matters)"
+        )
+    return None, []
+
+
+def _candidates(directory: str) -> list[str]:
+    """The checkpoints in `directory`, newest first: the state's (its latest, then its
+    list from the end), then the other ``ckpt-<number>.index`` files, by number."""
+    state = tf.train.get_checkpoint_state(directory)
+    listed = (
+        [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
+        if state is not None
+        else []
+    )
+    numbered = {}
+    for index in tf.io.gfile.glob(os.path.join(directory, "ckpt-*.index")):
+        found = re.fullmatch(r"ckpt-(\d+)\.index", os.path.basename(index))
+        if found:
+            numbered[index[: -len(".index")]] = int(found.group(1))
+    by_number = sorted(numbered, key=numbered.get, reverse=True)
+    return list(dict.fromkeys(listed + by_number))  # each once, in that order
+
+
+def _damage(prefix: str) -> str | None:
+    """What makes checkpoint `prefix` unreadable (``"<file>: <what>"``), or None when
+    every tensor in it reads back, its data checksums verified.
+
+    TensorFlow's checkpoint reader raises an `OpError` for a missing data file, an
+    index that is not a table, checksums that do not match, and an `IndexError` for
+    a read past the end of a data file.
+    """
+    name = os.path.basename(prefix)
+    if not tf.io.gfile.exists(f"{prefix}.index"):
+        return f"{name}.index: missing"
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except tf.errors.OpError as error:
+        return f"{name}.index: {_first_line(error)}"
+    data_files = tf.io.gfile.glob(f"{prefix}.data-?????-of-?????")
+    if not data_files:
+        return f"{name}.data-*: missing"
+    shard = os.path.basename(data_files[0]) if len(data_files) == 1 else f"{name}.data-*"
+    try:
+        for key in reader.get_variable_to_shape_map():
+            reader.get_tensor(key)
+    except IndexError:
+        if len(data_files) > 1:
+            return f"{shard}: truncated, shorter than the index lists"
+        size = tf.io.gfile.stat(data_files[0]).length
+        return f"{shard}: truncated, {size:,} bytes where the index lists more"
+    except tf.errors.OpError as error:
+        return f"{shard}: {_first_line(error)}"
+    return None
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _named(damaged: list[tuple[str, str]]) -> str:
+    """``X is damaged (file: what)``, or ``X (...) and Y (...) are damaged``."""
+    listed = [f"{path} ({problem})" for path, problem in damaged]
+    if len(listed) == 1:
+        return f"{damaged[0][0]} is damaged ({damaged[0][1]})"
+    return f"{', '.join(listed[:-1])} and {listed[-1]} are damaged"
+
+
+def _go_on_from(manager: tf.train.CheckpointManager, restored: str, damaged: list[str]) -> None:
+    """`manager` goes on from `restored`: its latest until it saves, and its damaged
+    checkpoints leave its keeping (they drop out of the checkpoint state at its next
+    save, and are not pruned in place of intact ones). CheckpointManager offers no
+    public way to do this; its state is set as TensorFlow 2.21 keeps it (setup.py
+    pins that minor version)."""
+    for path in damaged:
+        manager._maybe_delete.pop(path, None)
+    manager._latest_checkpoint = restored
 
 
 def save_checkpoint(manager: tf.train.CheckpointManager, step: int, durable: bool = False) -> str:

@@ -29,7 +29,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import distribution_utils, signals
+from official.utils.misc import distribution_utils, signals, writer_lease
 from official.utils.misc.model_dir import ModelDirError, restore_latest, save_checkpoint
 
 BEST_FOLDER = "best"  # under model_dir: the checkpoint `Runner.save_best` keeps
@@ -112,13 +112,14 @@ def weights_checkpoint(model: keras.Model, **others) -> tf.train.Checkpoint:
 
 
 def restore_model(model: keras.Model, model_dir: str, best: bool = False) -> str | None:
-    """Restores only `model`'s weights from the latest checkpoint a Runner wrote in
-    `model_dir` (with `best`, the one `Runner.save_best` kept): one run's trained model
-    starting another, whose optimiser and epochs are its own. Returns the checkpoint's
-    path, or None when there is none.
+    """Restores only `model`'s weights from the newest intact checkpoint a Runner wrote
+    in `model_dir` (with `best`, the one `Runner.save_best` kept): one run's trained
+    model starting another, whose optimiser and epochs are its own. Returns the
+    checkpoint's path, or None when there is none.
 
     Raises:
-        ModelDirError: The checkpoint does not fit `model`.
+        ModelDirError: The checkpoint does not fit `model`, or every checkpoint there is
+            damaged.
     """
     if best:
         directory = os.path.join(model_dir, BEST_FOLDER)
@@ -184,6 +185,7 @@ class Runner:
             self._checkpoint, self._checkpoint_dir(), max_to_keep=keep_checkpoints
         )
         self._best_manager: tf.train.CheckpointManager | None = None
+        self.restored_from: str | None = None  # the checkpoint `restore` restored
         self._calls: dict[Mode, Callable] = {}  # each mode's call, made at its first use
         # Each mode's `ModelSpec.summarize`, taken from the spec when the step is traced.
         self._summarize: dict[Mode, Callable[[dict[str, float]], dict[str, float]]] = {}
@@ -212,15 +214,19 @@ class Runner:
         return os.path.join(directory, folder) if folder else directory
 
     def restore(self) -> bool:
-        """Restores the latest checkpoint in model_dir, if any; True if one was found.
+        """Restores the newest intact checkpoint in model_dir, if any (a damaged one is
+        named and passed over: `restore_latest`); True if one was found. Its path is
+        kept in `restored_from`.
 
         Raises:
             ModelDirError: The checkpoint does not fit this model (other model flags
-                or other data).
+                or other data), or every checkpoint there is damaged.
         """
-        latest = restore_latest(self._new_checkpoint, self.model_dir)
+        manager = self._manager if self.is_chief else None  # it saves in model_dir
+        latest = restore_latest(self._new_checkpoint, self.model_dir, manager)
         if latest is None:
             return False
+        self.restored_from = latest
         logging.info(
             "Resumed from %s (step %d, %d epochs done)",
             latest,
@@ -228,11 +234,6 @@ class Runner:
             int(self.completed_epochs.numpy()),
         )
         return True
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        """The newest complete checkpoint in model_dir, or None."""
-        return tf.train.latest_checkpoint(self.model_dir)
 
     def save_checkpoint(self) -> str | None:
         """Writes a checkpoint numbered by the global step (all workers must call).
@@ -243,6 +244,7 @@ class Runner:
         return self._save(self._manager)
 
     def _save(self, manager: tf.train.CheckpointManager) -> str | None:
+        writer_lease.check_held(manager.directory)
         path = save_checkpoint(manager, self.global_step)
         if not self.is_chief:
             tf.io.gfile.rmtree(self._checkpoint_dir())
@@ -270,7 +272,7 @@ class Runner:
         count: training does not go on from them); returns the checkpoint's path.
 
         Raises:
-            ModelDirError: None was kept, or it does not fit this model.
+            ModelDirError: None was kept, it does not fit this model, or it is damaged.
         """
         path = restore_model(self.state.model, self.model_dir, best=True)
         if path is None:

@@ -1,0 +1,322 @@
+"""One writer per model_dir: a lease that refuses a second trainer on the same folder.
+
+Two trainers on one model_dir (a deployment restarted while the old one still runs, a
+pasted command) take turns replacing each other's checkpoint list, and an online
+trainer acknowledges to its source the events of checkpoints the other one then
+overwrites: acknowledged, and in no model. So the process that writes a model_dir
+holds its lease, a file in it (`LEASE_FILE`) naming the holder (program, host, pid,
+since when), renewed every `renew_seconds`:
+
+- a second process finds the lease held and stops with one line naming the holder;
+- a holder that died leaves the file behind, stale, which the next process takes
+  over with a warning: at once when the holder ran on this host (its pid runs no
+  more, or runs another process, or the machine restarted since), otherwise once it
+  has gone `expire_seconds` without a renewal (a lost machine);
+- the holder reads the lease again before every checkpoint (`check_held`, called by
+  `model_dir.save_checkpoint`): if another process took it over meanwhile (this one
+  was paused or cut off for longer than `expire_seconds`), it stops without writing.
+
+On a local disk the check and the write happen under an exclusive ``flock`` of the
+folder, so two processes starting together cannot both win. On ``gs://`` there are no
+locks and no conditional writes through `tf.io.gfile`: the new holder writes the
+lease, waits `settle_seconds` and reads it back, and goes on only if it finds its own
+there. Only a process stalled for longer than that between reading the lease and
+writing its own can pass beside another; the one whose lease was overwritten then
+learns it at its first checkpoint and stops without writing.
+Staleness across hosts compares the holder's clock with the reader's: hosts must agree
+on the time to within seconds (NTP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import tensorflow as tf
+from absl import logging
+
+from official.utils.misc import atomic
+from official.utils.misc.model_dir import ModelDirError
+
+LEASE_FILE = "writer_lease.json"
+RENEW_SECONDS = 10.0
+EXPIRE_SECONDS = 60.0
+SETTLE_SECONDS = 2.0
+
+# The leases this process holds, by folder (`check_held` looks a folder up here).
+_held: dict[str, WriterLease] = {}
+_held_lock = threading.Lock()
+
+
+def _boot_id() -> str | None:
+    """This boot of this machine (Linux): a holder of an earlier boot is gone."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as stream:
+            return stream.read().strip()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (Linux), or None: a pid
+    that runs with another start time is another process."""
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            # Field 22; the command name (field 2) may hold spaces, so count from ")".
+            return int(stream.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _running(pid: int, started: int | None) -> bool:
+    """Whether process `pid` (which started at `started`) still runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return started is None or _start_time(pid) in (None, started)
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def _folder_key(path: str) -> str:
+    return os.path.normpath(path) if atomic.is_local(path) else path.rstrip("/")
+
+
+class WriterLease:
+    """The lease on `folder` for this process (`hold` acquires and releases it).
+
+    Args:
+        folder: The model_dir (created already).
+        program: What holds it, for the message a second process shows.
+        renew_seconds, expire_seconds, settle_seconds: The module docstring's.
+    """
+
+    def __init__(
+        self,
+        folder: str,
+        program: str,
+        renew_seconds: float = RENEW_SECONDS,
+        expire_seconds: float = EXPIRE_SECONDS,
+        settle_seconds: float = SETTLE_SECONDS,
+    ) -> None:
+        self.folder, self.program = folder, program
+        self.path = os.path.join(folder, LEASE_FILE)
+        self.renew_seconds, self.expire_seconds = renew_seconds, expire_seconds
+        self.settle_seconds = settle_seconds
+        self.token = uuid.uuid4().hex
+        now = time.time()
+        self.record = {
+            "program": program,
+            "host": socket.gethostname(),
+            "boot_id": _boot_id(),
+            "pid": os.getpid(),
+            "pid_started": _start_time(os.getpid()),
+            "since": now,
+            "renewed": now,
+            "token": self.token,
+        }
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._taken_by: dict | None = None  # the lease found in place of ours
+
+    # -- what is in the file ---------------------------------------------------
+
+    def _read(self) -> dict | None:
+        """The lease in the folder (None: none, or a file that is no lease)."""
+        try:
+            with tf.io.gfile.GFile(self.path, "r") as stream:
+                found = json.load(stream)
+        except tf.errors.NotFoundError:
+            return None
+        except ValueError:
+            logging.warning("%s is not a lease (no JSON); it is replaced", self.path)
+            return None
+        return found if isinstance(found, dict) and "token" in found else None
+
+    def _write(self) -> None:
+        atomic.write_file(self.path, json.dumps(self.record, sort_keys=True))
+
+    def _stale_reason(self, lease: dict) -> str | None:
+        """Why `lease` no longer holds the folder, or None while its holder may run."""
+        if lease.get("host") == self.record["host"]:
+            if lease.get("boot_id") and lease.get("boot_id") != self.record["boot_id"]:
+                return "its machine has restarted since"
+            if not _running(int(lease.get("pid", 0)), lease.get("pid_started")):
+                return "its process is gone"
+            return None
+        silent = time.time() - float(lease.get("renewed", 0))
+        if silent > self.expire_seconds:
+            return f"it has not renewed its lease for {silent:.0f} s"
+        return None
+
+    def _describe(self, lease: dict) -> str:
+        return (
+            f"{lease.get('program', 'a trainer')} (pid {lease.get('pid')} on host "
+            f"{lease.get('host')}, since {_when(float(lease.get('since', 0)))})"
+        )
+
+    def _refusal(self, lease: dict) -> ModelDirError:
+        silent = max(0.0, time.time() - float(lease.get("renewed", 0)))
+        if lease.get("host") == self.record["host"]:
+            expiry = "it is released as soon as that process ends"
+        else:
+            expiry = (
+                f"if that process is gone with its machine, the folder is free "
+                f"{self.expire_seconds:.0f} s after its last renewal"
+            )
+        return ModelDirError(
+            f"--model_dir {self.folder} is in use by {self._describe(lease)}, lease "
+            f"renewed {silent:.0f} s ago: stop that process first or give this run "
+            f"another --model_dir ({expiry})"
+        )
+
+    # -- holding it --------------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Takes the lease, or raises `ModelDirError` naming the live holder."""
+        key = _folder_key(self.folder)
+        with _held_lock:
+            if key in _held:
+                raise self._refusal(_held[key].record)
+        with self._exclusive():
+            found = self._read()
+            if found is not None:
+                reason = self._stale_reason(found)
+                if reason is None:
+                    raise self._refusal(found)
+                logging.warning(
+                    "taking over --model_dir %s from %s: %s",
+                    self.folder,
+                    self._describe(found),
+                    reason,
+                )
+            self._write()
+        if not atomic.is_local(self.path):
+            time.sleep(self.settle_seconds)
+            found = self._read()
+            if found is None or found["token"] != self.token:
+                raise self._refusal(found or self.record)
+        with _held_lock:
+            _held[key] = self
+        self._renewer = threading.Thread(target=self._renew_loop, daemon=True, name="lease")
+        self._renewer.start()
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Holds an exclusive flock of the (local) folder; nothing on gs://."""
+        if not atomic.is_local(self.folder):
+            yield
+            return
+        descriptor = os.open(self.folder, os.O_RDONLY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)  # releases the lock
+
+    def _renew_loop(self) -> None:
+        failing = False
+        while not self._stop.wait(self.renew_seconds):
+            try:
+                with self._exclusive():
+                    found = self._read()
+                    if found is not None and found["token"] != self.token:
+                        self._taken_by = found
+                        return
+                    self.record["renewed"] = time.time()
+                    self._write()
+                if failing:
+                    logging.info("the lease %s is renewed again", self.path)
+                failing = False
+            except (tf.errors.OpError, OSError) as error:
+                if not failing:
+                    logging.warning(
+                        "cannot renew the lease %s (%s); retrying every %.0f s",
+                        self.path,
+                        error,
+                        self.renew_seconds,
+                    )
+                failing = True
+
+    def check(self) -> None:
+        """Raises `ModelDirError` if another process has taken the lease over."""
+        found = self._taken_by or self._read()
+        if found is not None and found["token"] != self.token:
+            self._taken_by = found
+            raise ModelDirError(
+                f"--model_dir {self.folder} was taken over by {self._describe(found)} while "
+                "this run held it (this one went without renewing its lease for longer "
+                f"than {self.expire_seconds:.0f} s: paused or cut off); it stops without "
+                "writing there: that folder's checkpoints are the other run's now"
+            )
+
+    def release(self) -> None:
+        """Stops renewing and removes the lease if it is still this process's."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        with _held_lock:
+            _held.pop(_folder_key(self.folder), None)
+        try:
+            with self._exclusive():
+                found = self._read()
+                if found is not None and found["token"] == self.token:
+                    tf.io.gfile.remove(self.path)
+        except (tf.errors.OpError, OSError) as error:
+            logging.warning("could not remove the lease %s: %s", self.path, error)
+
+    def clear_folder(self) -> None:
+        """Deletes everything in the folder but the lease (``--clean``)."""
+        for name in tf.io.gfile.listdir(self.folder):
+            name = name.rstrip("/")
+            if name != LEASE_FILE:
+                path = os.path.join(self.folder, name)
+                if tf.io.gfile.isdir(path):
+                    tf.io.gfile.rmtree(path)
+                else:
+                    tf.io.gfile.remove(path)
+
+
+@contextlib.contextmanager
+def hold(folder: str, program: str, clean: bool = False, **options) -> Iterator[WriterLease]:
+    """Holds the lease on `folder` while the block runs (`WriterLease` options); with
+    `clean`, empties the folder first (``--clean``: only ever a folder it holds).
+
+    Raises:
+        ModelDirError: Another live process holds it (the message names it).
+    """
+    lease = WriterLease(folder, program, **options)
+    lease.acquire()
+    try:
+        if clean:
+            lease.clear_folder()
+        yield lease
+    finally:
+        lease.release()
+
+
+def check_held(path: str) -> None:
+    """Before writing `path`: raises `ModelDirError` if this process held the lease
+    of a folder holding `path` and another process has taken it over (nothing to
+    check where this process holds no lease: a library user, a non-chief worker)."""
+    key = _folder_key(path)
+    with _held_lock:
+        leases = [
+            lease
+            for folder, lease in _held.items()
+            if key == folder or key.startswith(folder.rstrip("/") + "/")
+        ]
+    for lease in leases:
+        lease.check()

@@ -1,0 +1,163 @@
+"""What an online run reports beyond its metrics: how full its tables are and what they
+refused (log line, TensorBoard, summary, a warning), and the exports it could not write
+without losing any training."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+
+import tensorflow as tf
+from absl import logging as absl_logging
+from conftest import run_module_on_a_tmpfs
+from tensorboard.compat.proto import event_pb2
+
+from recommendation import online_main
+from recommendation.online import callbacks, online_ncf, versioned_export
+from recommendation.online_main import OnlineConfig
+
+MODEL = online_ncf.OnlineParams(
+    mf_dim=4,
+    layers=(8, 4),
+    mlp_regularization=(0.0, 0.0),
+    user_capacity=16,
+    item_capacity=64,
+    prequential_events=8,
+    prequential_negatives=9,
+)
+
+
+def _write_events(folder, rows) -> str:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "a.csv"), "w") as out:
+        out.write("".join(f"{user},{item},{stamp}\n" for stamp, (user, item) in enumerate(rows)))
+    return str(folder)
+
+
+def _config(tmp_path, events_dir: str, **overrides) -> OnlineConfig:
+    values = dict(
+        events_dir=events_dir,
+        model_dir=str(tmp_path / "model"),
+        model=MODEL,
+        batch_size=64,
+        sink_size=1,
+        log_every_secs=3600.0,
+        seed=1,
+    )
+    return OnlineConfig(**{**values, **overrides})
+
+
+def _scalars(folder) -> dict[str, list[float]]:
+    """Every scalar TensorBoard holds in `folder`, by tag, in step order."""
+    found: dict[str, list[float]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
+        for record in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
+    return found
+
+
+def test_a_full_table_refusing_new_ids_is_counted_reported_and_warned_about(tmp_path, caplog):
+    # Step 1: users 0-15 fill the 16 rows; steps 2 and 3: 64 new users each, every one
+    # refused (64 + 64); items 0-7 take 8 of 64 rows.
+    caplog.set_level(logging.INFO, logger="absl")
+    rows = [(user % 16, user % 8) for user in range(64)]
+    rows += [(16 + user, user % 8) for user in range(64)] * 2
+    events = _write_events(tmp_path / "events", rows)
+    summary = online_main.run(_config(tmp_path, events, max_events=192))
+    assert summary["steps"] == 3
+    assert summary["tables"] == {
+        "user": {"ids": 16, "capacity": 16, "admitted": 16, "evicted": 0, "refused": 128},
+        "item": {"ids": 8, "capacity": 64, "admitted": 8, "evicted": 0, "refused": 0},
+    }
+    line = online_main.summary_line(summary, 10)
+    assert (
+        ", users 16/16 (128 refused, 0 evicted), items 8/64 (0 refused, 0 evicted), stopped by"
+        in line
+    )
+    messages = [record.getMessage() for record in caplog.records]
+    # Once, at the first refusal; the next comes minutes later at the earliest.
+    assert [m for m in messages if "table is full" in m] == [
+        "the user table is full: all 16 rows hold ids, and 64 admissions of new users were "
+        "refused so far: those users read the shared default row and are not learnt; raise "
+        "--user_capacity, or set --evict_filter_value to free rows of ids unseen for that "
+        "many steps"
+    ]
+    [report] = [m for m in messages if m.startswith("online: step=3 ")]
+    assert "user_ids=16 user_admitted=16 user_evicted=0 user_refused=128 item_ids=8" in report
+    tensorboard = _scalars(tmp_path / "model")
+    assert tensorboard["user_refused"] == [128.0] and tensorboard["item_ids"] == [8.0]
+    assert "events_per_second" in tensorboard and "loss" in tensorboard
+
+
+def test_an_export_that_cannot_be_written_costs_no_training_and_is_retried(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="absl")
+    absl_logging.set_verbosity(absl_logging.INFO)  # what saving a SavedModel puts back
+    rec_model = online_ncf.build_rec_model(MODEL)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the export folder's parent should be")
+    export = callbacks.ExportCallback(str(blocker / "exports"), online_ncf.serving, every_steps=1)
+    export.set_rec_model(rec_model)
+    assert export.act() is None and export.act() is None
+    assert export.failures.count == 2
+    [warning] = [
+        r.getMessage() for r in caplog.records if "cannot write the export" in r.getMessage()
+    ]
+    assert re.fullmatch(
+        rf"cannot write the export in {blocker / 'exports'}: .*; pass --export_dir with a "
+        r"writable folder; training goes on without it \(1 failed so far\)",
+        warning,
+    )
+    blocker.unlink()  # fixed: the next export on schedule is written
+    rec_model.step.assign(5)
+    path = export.act()
+    assert path == str(blocker / "exports" / "5")
+    assert versioned_export.versions(str(blocker / "exports")) == [5]
+    assert export.failures.count == 2 and not export.failures.last_failed
+    assert any(
+        "the export in" in r.getMessage() and "written again after 2 failures" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_exports_to_a_full_disk_leave_training_and_checkpoints_whole(tmp_path):
+    # --export_dir on a real full disk (a 16 KiB tmpfs in a private mount namespace),
+    # checkpoints on a disk with room: every export fails, none is half there, the run
+    # trains every event, checkpoints the last step and exits 0.
+    events = _write_events(tmp_path / "events", [(user % 50, user % 9) for user in range(640)])
+    disk, model = tmp_path / "disk", tmp_path / "model"
+    disk.mkdir()
+    result, left = run_module_on_a_tmpfs(
+        disk,
+        "size=16k",
+        "recommendation.online_main",
+        f"--events_dir={events}",
+        f"--model_dir={model}",
+        f"--export_dir={disk}",
+        "--num_factors=4",
+        "--layers=8,4",
+        "--user_capacity=64",
+        "--item_capacity=16",
+        "--batch_size=64",
+        "--sink_size=1",
+        "--export_every_steps=4",
+        "--export_every_secs=100000",
+        "--max_events=640",
+        "--seed=1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [summary] = [line for line in result.stdout.splitlines() if line.startswith("online:")]
+    assert re.fullmatch(
+        r"online: 640 events in .* step 10, .*, 3 exports failed, stopped by callback", summary
+    ), summary
+    failures = [line for line in result.stderr.splitlines() if "cannot write the export" in line]
+    assert len(failures) == 1 and failures[0].endswith(
+        f"cannot write the export in {disk}: no space left on the device; free space there or "
+        "pass --export_dir with a folder on a disk with room; training goes on without it "
+        "(1 failed so far)"
+    )
+    assert left == []  # no version, no temporary
+    assert tf.train.latest_checkpoint(str(model)) == str(model / "ckpt-10")
