@@ -119,14 +119,16 @@ TINY_PARAMS = ModelParams(
 )
 
 
-def tiny_runner(model_dir: str, steps_per_call: int = 1, **options) -> Runner:
-    """A `Runner` of `TINY_PARAMS` on one CPU, seeded (the same weights every time);
-    `options` go to the runner (``model_fn`` replaces NeuMF's)."""
+def tiny_runner(
+    model_dir: str, steps_per_call: int = 1, params: ModelParams = TINY_PARAMS, **options
+) -> Runner:
+    """A `Runner` of `params` (`TINY_PARAMS`) on one CPU, seeded (the same weights every
+    time); `options` go to the runner (``model_fn`` replaces NeuMF's)."""
     keras.utils.set_random_seed(0)
     return Runner(
         options.pop("model_fn", neumf_model.model_fn),
         neumf_model.build_state,
-        TINY_PARAMS,
+        params,
         model_dir,
         tf.distribute.OneDeviceStrategy("/cpu:0"),
         steps_per_call=steps_per_call,
@@ -375,6 +377,12 @@ def run_module_on_a_tmpfs(
 
 
 _LEFT_ON_DISK = "--- left on the disk:"
+
+
+def truncate_half(path) -> None:
+    """Cuts file `path` to half its length, as a copy cut short would."""
+    with open(path, "r+b") as stream:
+        stream.truncate(os.path.getsize(path) // 2)
 
 
 def damage_checkpoint(prefix: str, how: str) -> str:

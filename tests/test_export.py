@@ -14,7 +14,13 @@ import numpy as np
 import onnxruntime
 import pytest
 import tensorflow as tf
-from conftest import run_module_on_a_tmpfs, the_error_line, tiny_runner, tiny_train_input_fn
+from conftest import (
+    run_module_on_a_tmpfs,
+    the_error_line,
+    tiny_runner,
+    tiny_train_input_fn,
+    truncate_half,
+)
 
 from official.utils.misc.model_dir import ModelDirError
 from recommendation import constants, export
@@ -256,11 +262,6 @@ def test_the_export_command_on_a_full_disk_ends_with_one_error_line(trained_expo
 _DATA = "variables/variables.data-00000-of-00001"
 
 
-def _truncate(path) -> None:
-    with open(path, "r+b") as stream:
-        stream.truncate(os.path.getsize(path) // 2)
-
-
 def _flip_bytes(path) -> None:
     with open(path, "r+b") as stream:
         contents = bytearray(stream.read())
@@ -272,7 +273,7 @@ def _flip_bytes(path) -> None:
 
 # Each way an export can be damaged, and the file `load_export` names for it.
 _DAMAGES = {
-    "data_truncated": (lambda d: _truncate(d / _DATA), f"{_DATA} is truncated or corrupt"),
+    "data_truncated": (lambda d: truncate_half(d / _DATA), f"{_DATA} is truncated or corrupt"),
     "data_flipped": (lambda d: _flip_bytes(d / _DATA), f"{_DATA} is truncated or corrupt"),
     "data_missing": (
         lambda d: os.remove(d / _DATA),
@@ -291,14 +292,14 @@ _DAMAGES = {
         lambda d: _flip_bytes(d / "variables" / "variables.index"),
         "variables/variables.index is corrupt",
     ),
-    "pb_truncated": (lambda d: _truncate(d / "saved_model.pb"), "saved_model.pb is corrupt"),
+    "pb_truncated": (lambda d: truncate_half(d / "saved_model.pb"), "saved_model.pb is corrupt"),
     "pb_empty": (lambda d: (d / "saved_model.pb").write_bytes(b""), "saved_model.pb is corrupt"),
     "id_map_missing": (
         lambda d: os.remove(d / "assets" / export.USER_IDS_FILE),
         "assets/user_ids.txt is missing",
     ),
     "id_map_truncated": (
-        lambda d: _truncate(d / "assets" / export.USER_IDS_FILE),
+        lambda d: truncate_half(d / "assets" / export.USER_IDS_FILE),
         "assets/user_ids.txt or assets/item_ids.txt is corrupt (an id listed twice)",
     ),
 }
@@ -324,7 +325,7 @@ def test_a_damaged_export_is_named_with_its_file_and_the_fix(
 def test_the_onnx_parity_check_names_a_damaged_saved_model(trained_export, tmp_path):
     damaged_export = tmp_path / "export"
     shutil.copytree(trained_export.export_dir, damaged_export)
-    _truncate(damaged_export / _DATA)
+    truncate_half(damaged_export / _DATA)
     sample = (trained_export.data.user_ids[:5], trained_export.data.item_ids[:5])
     onnx_path = str(damaged_export / export.ONNX_FILE)
     with pytest.raises(export.ExportError, match=f"{_DATA} is truncated or corrupt; export it"):

@@ -17,7 +17,7 @@ from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_inp
 from official.utils.misc import model_dir, precision
 from official.utils.misc.model_dir import ModelDirError
 from official.utils.misc.runner import Runner
-from recommendation import constants, neumf_model
+from recommendation import constants
 from recommendation.online import callbacks, online_ncf
 from recommendation.online.rec_model import StreamBatch
 
@@ -167,13 +167,7 @@ def test_a_readable_checkpoint_of_other_flags_is_not_damage_and_no_older_one_is_
     narrow = tiny_runner(str(tmp_path))
     narrow.train(tiny_train_input_fn, 3)
     narrow.save_checkpoint()  # ckpt-3, of this model
-    wider = Runner(
-        neumf_model.model_fn,
-        neumf_model.build_state,
-        dataclasses.replace(TINY_PARAMS, mf_dim=6),
-        str(tmp_path),
-        tf.distribute.OneDeviceStrategy("/cpu:0"),
-    )
+    wider = tiny_runner(str(tmp_path), params=dataclasses.replace(TINY_PARAMS, mf_dim=6))
     wider.train(tiny_train_input_fn, 6)
     other_flags = wider.save_checkpoint()  # ckpt-6, of other model flags
     wider.train(tiny_train_input_fn, 3)

@@ -10,7 +10,13 @@ import subprocess
 import numpy as np
 import pytest
 from absl import flags
-from conftest import run_module, run_module_on_a_tmpfs, the_error_line, write_movies
+from conftest import (
+    run_module,
+    run_module_on_a_tmpfs,
+    the_error_line,
+    truncate_half,
+    write_movies,
+)
 
 from recommendation import export, recommend
 from recommendation.movielens import DataError
@@ -107,16 +113,11 @@ def test_missing_export_dir_says_how_to_make_one(tmp_path):
         recommend.run(parsed)
 
 
-def _truncate(path) -> None:
-    with open(path, "r+b") as stream:
-        stream.truncate(os.path.getsize(path) // 2)
-
-
 @pytest.mark.parametrize(
     "damage,damaged",
     [
         (
-            lambda export: _truncate(export / "variables" / "variables.data-00000-of-00001"),
+            lambda export: truncate_half(export / "variables" / "variables.data-00000-of-00001"),
             "variables/variables.data-00000-of-00001 is truncated or corrupt",
         ),
     ],

@@ -185,13 +185,7 @@ def test_a_checkpoint_of_other_model_flags_is_named_as_such(tmp_path):
     trained = tiny_runner(str(tmp_path))
     trained.train(tiny_train_input_fn, 1)
     trained.save_checkpoint()
-    wider = Runner(
-        neumf_model.model_fn,
-        neumf_model.build_state,
-        dataclasses.replace(TINY_PARAMS, mf_dim=6),
-        str(tmp_path),
-        tf.distribute.OneDeviceStrategy("/cpu:0"),
-    )
+    wider = tiny_runner(str(tmp_path), params=dataclasses.replace(TINY_PARAMS, mf_dim=6))
     with pytest.raises(
         ModelDirError,
         match=r"the checkpoint .*ckpt-1 was made with other model flags or other data "
