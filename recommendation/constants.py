@@ -31,6 +31,8 @@ CACHE_FORMAT_VERSION = 2
 # Feature keys of the user and item ids (model inputs, the export's argument names).
 USER_COLUMN = "user_id"
 ITEM_COLUMN = "item_id"
+# Event times (int64 seconds) of online training batches.
+TIME_COLUMN = "timestamp"
 
 # Dense indexes fit in int32 for every MovieLens release (ml-32m: 200,948 users,
 # 87,585 items); the reference's uint16 items broke on ids above 65,535.

@@ -628,28 +628,51 @@ class LazyAdam(keras.optimizers.Adam):
     def update_step(self, gradient, variable, learning_rate):
         if not isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
-        rows, positions = tf.unique(gradient.indices)
-        width = tf.shape(gradient.values, out_type=tf.int64)[1]
-        grad = dense_gradient(
-            tf.IndexedSlices(gradient.values, positions, tf.stack([tf.size(rows, tf.int64), width]))
-        )
         index = self._get_variable_index(variable)
-        momentum, velocity = self._momentums[index], self._velocities[index]
-        step = tf.cast(self.iterations + 1, variable.dtype)
-        alpha = (
-            tf.cast(learning_rate, variable.dtype)
-            * tf.sqrt(1 - tf.pow(tf.cast(self.beta_2, variable.dtype), step))
-            / (1 - tf.pow(tf.cast(self.beta_1, variable.dtype), step))
+
+        def tf_variable(v):  # a Keras variable's tf.Variable
+            return v.value if isinstance(v, keras.Variable) else v
+
+        lazy_adam_rows(
+            gradient,
+            tf_variable(variable),
+            tf_variable(self._momentums[index]),
+            tf_variable(self._velocities[index]),
+            tf.cast(learning_rate, variable.dtype),
+            self.beta_1,
+            self.beta_2,
+            self.epsilon,
+            tf.cast(self.iterations + 1, variable.dtype),
         )
-        # Gathered from the tf.Variables (a ResourceGather): a dense read of a variable
-        # that scatters write copies all of it first.
-        new_m = self.beta_1 * tf.gather(momentum.value, rows) + (1 - self.beta_1) * grad
-        new_v = self.beta_2 * tf.gather(velocity.value, rows) + (1 - self.beta_2) * tf.square(grad)
-        self.assign(momentum, tf.IndexedSlices(new_m, rows))
-        self.assign(velocity, tf.IndexedSlices(new_v, rows))
-        self.assign_sub(
-            variable, tf.IndexedSlices(alpha * new_m / (tf.sqrt(new_v) + self.epsilon), rows)
-        )
+
+
+def lazy_adam_rows(
+    gradient: tf.IndexedSlices,
+    variable: tf.Variable,
+    momentum: tf.Variable,
+    velocity: tf.Variable,
+    learning_rate: tf.Tensor,
+    beta_1: float,
+    beta_2: float,
+    epsilon: float,
+    step: tf.Tensor,
+) -> None:
+    """One Adam step (number `step`, from 1) of the rows present in `gradient` and of
+    their moments; other rows keep their weights and moments. LazyAdam's update, and
+    hash-embedding rows' (`HashEmbedding.train_rows`)."""
+    rows, positions = tf.unique(gradient.indices)
+    width = tf.shape(gradient.values, out_type=tf.int64)[1]
+    grad = dense_gradient(
+        tf.IndexedSlices(gradient.values, positions, tf.stack([tf.size(rows, tf.int64), width]))
+    )
+    alpha = learning_rate * tf.sqrt(1 - tf.pow(beta_2, step)) / (1 - tf.pow(beta_1, step))
+    # Gathered from the tf.Variables (a ResourceGather): a dense read of a variable
+    # that scatters write copies all of it first.
+    new_m = beta_1 * tf.gather(momentum, rows) + (1 - beta_1) * grad
+    new_v = beta_2 * tf.gather(velocity, rows) + (1 - beta_2) * tf.square(grad)
+    momentum.scatter_update(tf.IndexedSlices(new_m, rows))
+    velocity.scatter_update(tf.IndexedSlices(new_v, rows))
+    variable.scatter_sub(tf.IndexedSlices(alpha * new_m / (tf.sqrt(new_v) + epsilon), rows))
 
 
 def decayed_learning_rate(params: ModelParams, step: tf.Tensor) -> tf.Tensor:

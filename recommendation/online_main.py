@@ -28,12 +28,19 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from official.utils.flags import core
-from official.utils.flags.core import NON_NEGATIVE, POSITIVE, POSITIVE_OR_UNSET, FlagSpec, Rule
+from official.utils.flags.core import (
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_OR_UNSET,
+    Check,
+    FlagSpec,
+    Rule,
+)
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc import atomic, errors, model_dir, writer_lease
 from official.utils.misc.model_dir import ModelDirError
 from recommendation import ncf_common
-from recommendation.online import callbacks, online_ncf, sources
+from recommendation.online import callbacks, eviction, online_ncf, sources
 from recommendation.online.event_stream import EventStream
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, RecModel
@@ -195,11 +202,18 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
 
 
 def _outputs(chosen: list[Callback]) -> dict:
-    """The summary's tables (`TableWatch.counts`) and the side writes that failed."""
+    """The summary's tables (`TableWatch.counts`), the mean seconds of a checkpoint and
+    of an export (None: none made), and the side writes that failed."""
     found = {type(callback): callback for callback in chosen}
     export = found.get(callbacks.ExportCallback)
+
+    def mean(values: list[float]) -> float | None:
+        return float(np.mean(values)) if values else None
+
     return {
         "tables": found[callbacks.TableWatch].counts(),
+        "checkpoint_seconds": mean(found[callbacks.CheckpointCallback].seconds),
+        "export_seconds": mean(export.seconds) if export else None,
         "failed_exports": export.failures.count if export else 0,
         "failed_tensorboard_writes": found[callbacks.MetricLogger].summaries.failures.count,
     }
@@ -239,6 +253,18 @@ def _tables_and_failures(summary: dict) -> str:
 # Flags
 
 
+def _parses_as_policy(value: str | None) -> bool:
+    try:
+        return value is None or bool(eviction.parse_policy(value))
+    except ValueError:
+        return False
+
+
+EVICTION_POLICY = Check(
+    _parses_as_policy,
+    "--{flag} must be none, lru, lfu, lfu:HALF_LIFE_STEPS, ttl:STEPS or ttl:SECONDSs",
+)
+
 # Every flag of ``online_main``, on `OnlineConfig` (which holds the defaults); the
 # concepts it shares with ncf-main are ncf-main's flags.
 ONLINE_FLAGS = (
@@ -276,10 +302,29 @@ ONLINE_FLAGS = (
         checks=(POSITIVE,),
     ),
     FlagSpec(
+        "user_evict_policy",
+        "What a full user table does: none (refuse new users), lru, lfu[:HALF_LIFE_STEPS], "
+        "ttl:STEPS or ttl:SECONDSs (of event time); default lru.",
+        field="model.user_eviction",
+        checks=(EVICTION_POLICY,),
+    ),
+    FlagSpec(
+        "item_evict_policy",
+        "As --user_evict_policy, for the item table.",
+        field="model.item_eviction",
+        checks=(EVICTION_POLICY,),
+    ),
+    FlagSpec(
         "evict_filter_value",
-        "Free rows unseen for this many steps.",
+        "Free rows unseen for this many steps (both tables' policy ttl:N).",
         field="model.evict_filter_value",
         checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec(
+        "admit_probability",
+        "Chance that a sighting of an id without a row (past --permit_filter_value) admits it.",
+        field="model.admit_probability",
+        checks=(Check(lambda value: 0 < value <= 1, "--{flag} must be in (0, 1]"),),
     ),
     FlagSpec(
         "max_norm",
@@ -321,6 +366,17 @@ ONLINE_FLAGS = (
         ("redis_url", "events_dir"),
         lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
         "give exactly one source: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
+    ),
+    Rule(
+        ("evict_filter_value", "user_evict_policy", "item_evict_policy"),
+        lambda values: (
+            not (
+                values["evict_filter_value"]
+                and (values["user_evict_policy"] or values["item_evict_policy"])
+            )
+        ),
+        "--evict_filter_value N is both tables' policy ttl:N: give it or "
+        "--user_evict_policy/--item_evict_policy, not both",
     ),
     Rule(
         ("checkpoint_every_steps", "checkpoint_every_secs"),

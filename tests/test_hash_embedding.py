@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import math
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from recommendation import neumf_model
+from recommendation.online.eviction import parse_policy
 from recommendation.online.hash_embedding import HashEmbedding
 
 
@@ -18,9 +22,8 @@ class _Trainer:
     def __init__(self, **kwargs) -> None:
         keras.utils.set_random_seed(0)
         self.layer = HashEmbedding(4, **kwargs)
-        self.layer.build()
         self.optimizer = neumf_model.LazyAdam(learning_rate=0.1)
-        self.optimizer.build(self.layer.trainable_variables)
+        self.optimizer.build([])
         self.num_slots = self.layer.attach_optimizer(self.optimizer)
         self._step = tf.function(self._train)
 
@@ -28,8 +31,8 @@ class _Trainer:
         with tf.GradientTape() as tape:
             rows = self.layer(ids, training=True)
             loss = tf.reduce_sum(rows)
-        variables = self.layer.trainable_variables
-        self.optimizer.apply(tape.gradient(loss, variables), variables)
+        self.layer.train_rows(tape.gradient(loss, self.layer.embeddings))
+        self.optimizer.iterations.assign_add(1)
         return rows
 
     def step(self, ids) -> np.ndarray:
@@ -41,6 +44,9 @@ class _Trainer:
     def row(self, key) -> np.ndarray:
         return self.layer(tf.constant([key], self.layer.key_dtype)).numpy()[0]
 
+    def slot(self, key) -> int:
+        return int(self.layer.slots(tf.constant([key], self.layer.key_dtype)).numpy()[0])
+
 
 def test_finds_the_adam_moments_of_its_table():
     assert _Trainer().num_slots == 2
@@ -51,7 +57,7 @@ def test_an_id_reads_the_untrained_default_row_until_seen_permit_times():
     np.testing.assert_array_equal(trainer.step([7]), 0.0)  # sighting 1
     np.testing.assert_array_equal(trainer.step([7, 8]), 0.0)  # sighting 2 (8: 1)
     assert trainer.keys() == set()
-    default_row = trainer.layer.embeddings.numpy()[-1]
+    default_row = trainer.layer.embeddings.numpy()[0]
     np.testing.assert_array_equal(default_row, 0.0)  # looked up, never trained
     rows = trainer.step([7, 8, 8])  # 7: 3rd sighting; 8: 2nd and 3rd in one batch
     assert trainer.keys() == {7, 8}
@@ -75,7 +81,7 @@ def test_rows_are_gathered_from_the_table_without_reading_all_of_it():
     whole by every such read."""
     trainer = _Trainer()
     trainer.step([1, 2])
-    handle = trainer.layer.embeddings.value.handle
+    handle = trainer.layer.embeddings.handle
     graph = (
         tf.function(lambda ids: trainer.layer(ids, training=True))
         .get_concrete_function(tf.TensorSpec([None], tf.int64))
@@ -89,30 +95,40 @@ def test_rows_are_gathered_from_the_table_without_reading_all_of_it():
 def test_unseen_ids_are_evicted_and_their_rows_reused_with_fresh_state():
     trainer = _Trainer(evict_filter_value=2, capacity=2)
     trainer.step([1, 2])  # step 1
-    for _ in range(3):  # steps 2-4: only 2 is seen
-        trainer.step([2])
-    evicted_slot = 0
-    assert trainer.layer.slot_keys.numpy()[evicted_slot] == 1
-    assert trainer.keys() == {2}  # step 4: 4 - 1 > 2
-    assert int(trainer.layer.num_evicted.numpy()) == 1
-    momentum = trainer.optimizer._momentums[0]
+    trainer.step([2])
+    trainer.step([2])
+    momentum, velocity = trainer.layer.moments
+    evicted_slot = trainer.slot(1)
     assert np.abs(momentum.numpy()[evicted_slot]).sum() > 0
-    trainer.step([3, 3])  # takes the freed row
+    trainer.step([2, 3, 3])  # step 4: 4 - 1 > 2, so 1's row is freed and 3 takes it
     assert trainer.keys() == {2, 3}
-    assert trainer.layer.slot_keys.numpy()[evicted_slot] == 3
+    assert int(trainer.layer.num_evicted.numpy()) == 1
+    assert trainer.slot(3) == evicted_slot
     # The reused row's moments restarted: one update from a gradient of 2 (two
     # occurrences): m = (1 - beta1) * 2 exactly.
     np.testing.assert_allclose(momentum.numpy()[evicted_slot], 0.2, rtol=1e-6)
-    velocity = trainer.optimizer._velocities[0].numpy()[evicted_slot]
-    np.testing.assert_allclose(velocity, 0.001 * 4, rtol=1e-5)
+    np.testing.assert_allclose(velocity.numpy()[evicted_slot], 0.001 * 4, rtol=1e-5)
 
 
-def test_a_full_table_serves_the_default_row_and_counts_the_rejection():
+def test_a_full_table_without_eviction_serves_the_default_row_and_counts_the_refusal():
     trainer = _Trainer(capacity=2)
     rows = trainer.step([1, 2, 3])
     np.testing.assert_array_equal(rows[2], 0.0)
     assert trainer.keys() == {1, 2}
     assert int(trainer.layer.num_rejected.numpy()) == 1
+
+
+def test_a_full_table_evicts_its_lowest_row_but_never_one_the_step_uses():
+    trainer = _Trainer(capacity=2, eviction="lru")
+    trainer.step([1, 2])
+    trainer.step([2, 1, 3])  # both rows are in use: 3 is refused
+    assert trainer.keys() == {1, 2}
+    assert int(trainer.layer.num_rejected.numpy()) == 1
+    trainer.step([2])
+    trainer.step([3])  # 1 is the least recently seen
+    assert trainer.keys() == {2, 3}
+    assert int(trainer.layer.num_evicted.numpy()) == 1
+    np.testing.assert_array_equal(trainer.row(1), 0.0)
 
 
 def test_pending_sightings_are_forgotten_after_the_eviction_period():
@@ -139,6 +155,11 @@ def test_string_ids():
     trainer.step(["alice"])
     trainer.step(["alice", "carol"])  # bob unseen for 2 steps: his row goes to carol
     assert trainer.keys() == {b"alice", b"carol"}
+    lru = _Trainer(key_dtype="string", eviction="lru", capacity=2)
+    lru.step(["alice", "bob"])
+    lru.step(["bob"])
+    lru.step(["carol"])
+    assert lru.keys() == {b"bob", b"carol"}
 
 
 def test_sample_slots_draws_occupied_rows():
@@ -179,99 +200,254 @@ def test_serialization_round_trip():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [{"embedding_size": 0}, {"capacity": 0}, {"evict_filter_value": 0}, {"key_dtype": "int32"}],
+    "kwargs, message",
+    [
+        ({"embedding_size": 0}, "must be positive"),
+        ({"capacity": 0}, "must be positive"),
+        ({"evict_filter_value": 0}, "positive or None"),
+        ({"key_dtype": "int32"}, "key_dtype"),
+        ({"eviction": "fifo"}, "unknown eviction policy 'fifo': use none, lru, lfu"),
+        ({"eviction": "ttl"}, "needs its time to live"),
+        ({"eviction": "lru:5"}, "takes no number"),
+        ({"eviction": "lfu:0"}, "must be positive"),
+        ({"eviction": "lru", "evict_filter_value": 3}, "give one of the two"),
+        ({"admit_probability": 0.0}, "admit_probability"),
+    ],
 )
-def test_bad_arguments_are_rejected(kwargs):
-    with pytest.raises(ValueError):
+def test_bad_arguments_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         HashEmbedding(**{"embedding_size": 4, **kwargs})
 
 
 class _TableModel:
     """A plain Python model of HashEmbedding's id-to-row bookkeeping, written from its
-    documented rules: each training step refreshes the rows of the ids it holds, frees
-    rows unseen for more than `evict` steps (and every `evict` steps forgets pending
-    sightings as old), counts sightings of ids without a row, and admits those that
-    reach `permit`, in order of first appearance, into the lowest free rows while any
-    remain (the rest are rejected and start counting again)."""
+    documented rules. Each training step: refreshes the ids it holds (priority by the
+    policy, last step seen, clock); with ``ttl``, frees rows whose stamp is below the
+    clock minus the ttl (and every ttl steps forgets pending sightings as old); counts
+    sightings of ids without a row; admits those that reach `permit`, in order of
+    first appearance, while rows are spare, then (unless the policy is ``none``) in
+    place of the lowest (priority, id) row the step did not use; refuses the rest."""
 
-    def __init__(self, capacity: int, permit: int, evict: int | None) -> None:
-        self.capacity, self.permit, self.evict = capacity, permit, evict
-        self.row_of: dict = {}
-        self.last_seen = [-1] * capacity
+    def __init__(self, capacity: int, permit: int, policy: str, tie=lambda key: key) -> None:
+        self.capacity, self.permit, self.tie = capacity, permit, tie
+        self.policy = parse_policy(policy)
+        self.held: dict = {}  # id -> [priority, last step seen, last clock seen]
         self.pending: dict = {}  # id -> [sightings, last step seen]
-        self.step = 0
+        self.step, self.clock = 0, -(2**62)
+        self.admitted = self.evicted = self.refused = 0
 
-    def train(self, ids: list) -> list[int]:
+    def _priority(self, old, sightings: int) -> float:
+        now = float(self.step) * self.policy.decay_rate
+        if self.policy.kind != "lfu":
+            return now
+        count = float(sightings) + (math.exp(old - now) if old is not None else 0.0)
+        return math.log(count) + now
+
+    def train(self, ids: list, times: list | None = None) -> None:
         self.step += 1
+        if times:
+            self.clock = max(self.clock, max(times))
+        counts = collections.Counter(ids)
         unique = list(dict.fromkeys(ids))
-        missing = [key for key in unique if key not in self.row_of]
         for key in unique:
-            if key in self.row_of:
-                self.last_seen[self.row_of[key]] = self.step
-        if self.evict is not None:
-            for key, row in list(self.row_of.items()):
-                if self.step - self.last_seen[row] > self.evict:
-                    del self.row_of[key]
-                    self.last_seen[row] = -1
-            if self.permit > 1 and self.step % self.evict == 0:
+            if key in self.held:
+                old = self.held[key][0]
+                self.held[key] = [self._priority(old, counts[key]), self.step, self.clock]
+        ttl = self.policy.ttl_seconds or self.policy.ttl_steps
+        if ttl:
+            now, stamp = (self.clock, 2) if self.policy.ttl_seconds else (self.step, 1)
+            for key, state in list(self.held.items()):
+                if state[stamp] < now - ttl:
+                    del self.held[key]
+                    self.evicted += 1
+            if self.permit > 1 and self.policy.ttl_steps and self.step % ttl == 0:
                 for key, (_, seen) in list(self.pending.items()):
-                    if self.step - seen > self.evict:
+                    if self.step - seen > ttl:
                         del self.pending[key]
         ready = []
-        for key in missing:
-            sightings = self.pending.pop(key, [0, 0])[0] + ids.count(key)
+        for key in unique:
+            if key in self.held:
+                continue
+            sightings = self.pending.pop(key, [0, 0])[0] + counts[key]
             if sightings >= self.permit:
                 ready.append(key)
             else:
                 self.pending[key] = [sightings, self.step]
-        free = [row for row in range(self.capacity) if self.last_seen[row] < 0]
-        for key, row in zip(ready, free, strict=False):
-            self.row_of[key] = row
-            self.last_seen[row] = self.step
-        return [self.row_of.get(key, -1) for key in ids]
+        for key in ready:
+            if len(self.held) == self.capacity and self.policy.evicts:
+                idle = [
+                    (state[0], self.tie(k), k)
+                    for k, state in self.held.items()
+                    if state[1] != self.step
+                ]
+                if idle:
+                    del self.held[min(idle)[2]]
+                    self.evicted += 1
+            if len(self.held) < self.capacity:
+                self.held[key] = [self._priority(None, counts[key]), self.step, self.clock]
+                self.admitted += 1
+            else:
+                self.refused += 1
 
 
 @pytest.mark.parametrize(
-    "key_dtype, capacity, permit, evict, seed",
+    "key_dtype, capacity, permit, policy, seed",
     [
-        ("int64", 6, 1, 1, 0),
-        ("int64", 6, 1, 3, 1),
-        ("int64", 4, 2, 2, 2),
-        ("int64", 8, 3, 4, 3),
-        ("string", 5, 1, 2, 4),
+        ("int64", 6, 1, "ttl:1", 0),
+        ("int64", 6, 1, "ttl:3", 1),
+        ("int64", 4, 2, "ttl:2", 2),
+        ("int64", 8, 3, "ttl:4", 3),
+        ("string", 5, 1, "ttl:2", 4),
+        ("string", 5, 1, "lru", 11),
+        ("int64", 6, 1, "none", 5),
+        ("int64", 6, 1, "lru", 6),
+        ("int64", 5, 2, "lru", 7),
+        ("int64", 6, 1, "lfu:3", 8),
+        ("int64", 7, 2, "lfu:20", 9),
+        ("int64", 6, 1, "ttl:5s", 10),
     ],
 )
-def test_no_two_ids_ever_share_a_row_and_evicted_ids_lose_theirs(
-    key_dtype, capacity, permit, evict, seed
+def test_the_table_holds_what_its_model_holds_step_by_step(
+    key_dtype, capacity, permit, policy, seed
 ):
-    """Random admissions and evictions, checked step by step against `_TableModel`:
-    every id (seen or not) resolves to the modelled row or to none."""
+    """Random streams checked step by step against `_TableModel`: every id (seen or
+    not) has a row exactly when the model holds it, no two ids share a row, the live
+    rows are 1..size, and the counts agree."""
     layer = HashEmbedding(
-        2,
-        key_dtype=key_dtype,
-        capacity=capacity,
-        permit_filter_value=permit,
-        evict_filter_value=evict,
+        2, key_dtype=key_dtype, capacity=capacity, permit_filter_value=permit, eviction=policy
     )
-    layer.build()
     dtype = tf.as_dtype(key_dtype)
     train = tf.function(
-        lambda ids: layer.slots(ids, training=True), input_signature=[tf.TensorSpec([None], dtype)]
+        lambda ids, times: layer.slots(ids, training=True, times=times),
+        input_signature=[tf.TensorSpec([None], dtype), tf.TensorSpec([None], tf.int64)],
     )
     universe = list(range(3 * capacity))
     as_key = (lambda i: str(i).encode()) if key_dtype == "string" else (lambda i: i)
     probe = tf.constant([as_key(i) for i in universe], dtype)
-    model = _TableModel(capacity, permit, evict)
+    # Ties of priority go to the lower id; string ids are ordered by a fingerprint.
+    tie = (
+        (lambda key: int(layer.tiebreak(tf.constant([key]))[0]))
+        if key_dtype == "string"
+        else (lambda key: key)
+    )
+    model = _TableModel(capacity, permit, policy, tie)
     rng = np.random.default_rng(seed)
+    clock = 0
     for _ in range(150):
-        batch = rng.choice(universe, size=rng.integers(1, 2 * capacity)).tolist()
-        keys = [as_key(i) for i in batch]
-        assert train(tf.constant(keys, dtype)).numpy().tolist() == model.train(keys)
+        batch = [as_key(i) for i in rng.choice(universe, size=rng.integers(1, 2 * capacity))]
+        times = (clock + rng.integers(0, 4, size=len(batch))).tolist()  # a little disorder
+        clock += int(rng.integers(0, 3))
+        slots = train(tf.constant(batch, dtype), tf.constant(times, tf.int64)).numpy()
+        model.train(batch, times)
+        assert [s >= 0 for s in slots.tolist()] == [k in model.held for k in batch]
         rows = layer.slots(probe).numpy()
-        assert rows.tolist() == [model.row_of.get(as_key(i), -1) for i in universe]
+        assert [r >= 0 for r in rows.tolist()] == [as_key(i) in model.held for i in universe]
         held = rows[rows >= 0]
-        assert len(set(held.tolist())) == len(held)  # no two ids alias a row
+        assert sorted(held.tolist()) == list(range(1, len(model.held) + 1))  # rows 1..size
         np.testing.assert_array_equal(layer.slot_keys.numpy()[held], probe.numpy()[rows >= 0])
-    assert int(layer.num_evicted.numpy()) > 0 and int(layer.num_admitted.numpy()) > capacity
-    assert int(layer.num_rejected.numpy()) > 0  # full tables were met too
+    counts = layer.counts()
+    assert (counts["admitted"], counts["evicted"], counts["refused"]) == (
+        model.admitted,
+        model.evicted,
+        model.refused,
+    )
+    if policy == "none":  # full tables were met
+        assert counts["refused"] > 0 and counts["admitted"] == capacity
+    else:
+        assert counts["evicted"] > 0 and counts["admitted"] > capacity
+
+
+def test_rows_are_allocated_as_ids_arrive_and_trimmed_to_the_live_ones(tmp_path):
+    """The capacity bounds the table, it is not allocated: 2^40 rows of 4 floats would
+    be 16 TiB. Allocation doubles as ids arrive; `trim` leaves the default row and the
+    live rows, so that a checkpoint holds those only, whatever the capacity."""
+    sizes = {}
+    for capacity in (2**40, 128):
+        trainer = _Trainer(capacity=capacity)
+        trainer.step(list(range(1, 101)))
+        layer = trainer.layer
+        assert int(layer.allocated.numpy()) == 100  # what the first step needed
+        trainer.step([101])
+        doubled = min(200, capacity)
+        assert int(layer.allocated.numpy()) == doubled
+        assert len(layer.embeddings.numpy()) == len(layer.momentum.numpy()) == doubled + 1
+        layer.trim()
+        assert [len(v.numpy()) for v in (layer.embeddings, layer.momentum, layer.priority)] == [
+            102
+        ] * 3
+        assert trainer.keys() == set(range(1, 102))
+        trainer.step([102])  # grows again after a trim
+        assert int(layer.allocated.numpy()) == min(202, capacity) and trainer.slot(102) == 102
+        layer.trim()
+        path = tf.train.Checkpoint(layer=layer).write(str(tmp_path / f"{capacity}" / "ckpt"))
+        sizes[capacity] = sum(
+            f.stat().st_size for f in (tmp_path / f"{capacity}").iterdir() if "data" in f.name
+        )
+        assert path
+    assert sizes[2**40] == sizes[128]
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu:4", "ttl:3"])
+def test_a_restored_table_evicts_exactly_the_rows_an_uninterrupted_one_evicts(tmp_path, policy):
+    """A fixed stream over a small full table, checkpointed mid-way: the table restored
+    into a new process-like object (no eviction cache) holds the same ids in the same
+    rows with the same values and moments at every later step."""
+    options = dict(
+        capacity=6, eviction=policy, initializer=keras.initializers.RandomUniform(seed=3)
+    )
+    rng = np.random.default_rng(7)
+    stream = [rng.integers(0, 15, size=rng.integers(1, 6)).tolist() for _ in range(60)]
+    straight = _Trainer(**options)
+    for ids in stream[:30]:
+        straight.step(ids)
+    straight.layer.trim()
+    objects = lambda t: tf.train.Checkpoint(layer=t.layer, optimizer=t.optimizer)  # noqa: E731
+    path = objects(straight).write(str(tmp_path / "ckpt"))
+    resumed = _Trainer(**options)
+    objects(resumed).read(path)
+    for ids in stream[30:]:
+        np.testing.assert_array_equal(resumed.step(ids), straight.step(ids))
+        for name in ("slot_keys", "priority", "embeddings", "momentum"):
+            size = int(straight.layer.size.numpy()) + 1
+            np.testing.assert_array_equal(
+                getattr(resumed.layer, name).numpy()[:size],
+                getattr(straight.layer, name).numpy()[:size],
+            )
+    assert resumed.layer.counts() == straight.layer.counts()
+    assert straight.layer.counts()["evicted"] > 10
+
+
+def test_admission_by_probability_is_drawn_per_sighting_from_the_seed():
+    """Each sighting of an id without a row admits it with probability p, drawn from
+    the table's seed and step: the same seed admits the same ids."""
+
+    def admitted(seed: int) -> set:
+        trainer = _Trainer(capacity=4096, admit_probability=0.25, seed=seed)
+        trainer.step(list(range(2000)))
+        return trainer.keys()
+
+    first = admitted(0)
+    assert 400 < len(first) < 600  # 500 expected; sd 19, for this fixed seed: exact
+    assert admitted(0) == first and admitted(1) != first
+    trainer = _Trainer(capacity=4096, admit_probability=0.25, seed=0)
+    trainer.step(list(range(2000)))
+    for _ in range(30):  # more sightings, more draws: nearly every id gets in
+        trainer.step(list(range(2000)))
+    assert len(trainer.keys()) > 1990
+
+
+@pytest.mark.parametrize("permit", [1, 2])
+def test_a_table_under_churn_keeps_answering_lookups_of_absent_ids(permit):
+    """Ids come and go by the thousand: a DenseHashTable's removed keys leave
+    tombstones that, left alone, fill every free bucket within a few rounds, after which
+    looking up an absent id fails. The table rebuilds its indexes before that."""
+    layer = HashEmbedding(2, capacity=1000, eviction="lru", permit_filter_value=permit)
+    train = tf.function(lambda ids: layer.slots(ids, training=True))
+    for round_ in range(40):
+        fresh = tf.range(round_ * 1000, (round_ + 1) * 1000, dtype=tf.int64)
+        for _ in range(permit):
+            train(fresh)
+        assert layer.slots(tf.constant([-5], tf.int64)).numpy().tolist() == [-1]
+    assert layer.counts()["evicted"] == 39_000 and layer.counts()["ids"] == 1000
+    held = layer.slots(tf.range(39_000, 40_000, dtype=tf.int64)).numpy()
+    assert sorted(held.tolist()) == list(range(1, 1001))

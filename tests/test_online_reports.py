@@ -4,6 +4,8 @@ without losing any training."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import glob
 import logging
 import os
@@ -67,7 +69,8 @@ def test_a_full_table_refusing_new_ids_is_counted_reported_and_warned_about(tmp_
     rows = [(user % 16, user % 8) for user in range(64)]
     rows += [(16 + user, user % 8) for user in range(64)] * 2
     events = _write_events(tmp_path / "events", rows)
-    summary = online_main.run(_config(tmp_path, events, max_events=192))
+    model = dataclasses.replace(MODEL, user_eviction="none")
+    summary = online_main.run(_config(tmp_path, events, max_events=192, model=model))
     assert summary["steps"] == 3
     assert summary["tables"] == {
         "user": {"ids": 16, "capacity": 16, "admitted": 16, "evicted": 0, "refused": 128},
@@ -83,8 +86,8 @@ def test_a_full_table_refusing_new_ids_is_counted_reported_and_warned_about(tmp_
     assert [m for m in messages if "table is full" in m] == [
         "the user table is full: all 16 rows hold ids, and 64 admissions of new users were "
         "refused so far: those users read the shared default row and are not learnt; raise "
-        "--user_capacity, or set --evict_filter_value to free rows of ids unseen for that "
-        "many steps"
+        "--user_capacity or set --user_evict_policy lru (or lfu, ttl:STEPS) so that new users "
+        "take the rows of the least used"
     ]
     [report] = [m for m in messages if m.startswith("online: step=3 ")]
     assert "user_ids=16 user_admitted=16 user_evicted=0 user_refused=128 item_ids=8" in report

@@ -230,7 +230,7 @@ def test_after_a_damaged_checkpoint_the_next_saves_are_the_latest_and_the_fallba
     caplog.clear()
     again = tiny_runner(str(tmp_path), keep_checkpoints=2)
     assert again.restore() and again.restored_from == newer and again.global_step == 5
-    assert "damaged" not in caplog.text  # no longer a candidate once newer ones exist
+    assert "newest intact" not in caplog.text  # no longer a candidate once newer ones exist
     replaced = _saved_at(again, 6)  # the same number as the damaged one: written anew
     assert _state(tmp_path) == (replaced, [newer, replaced])
     last = tiny_runner(str(tmp_path), keep_checkpoints=2)

@@ -91,6 +91,7 @@ class CheckpointCallback(_Periodic):
         self.directory, self.keep = directory, keep
         self.manager: tf.train.CheckpointManager | None = None
         self.restored_from: str | None = None
+        self.seconds: list[float] = []  # of each checkpoint, durable
 
     def on_train_begin(self, logs=None) -> None:
         rec_model = self.rec_model
@@ -118,8 +119,10 @@ class CheckpointCallback(_Periodic):
         # Another trainer that took this folder over must not lose its checkpoints to
         # this one, nor this one acknowledge events to a model that is overwritten.
         writer_lease.check_held(self.directory)
+        start = time.perf_counter()
         rec_model.before_save()
         path = model_dir.save_checkpoint(self.manager, step, durable=True)
+        self.seconds.append(time.perf_counter() - start)
         rec_model.commit()
         self.schedule.mark(step)
         logging.info("checkpoint %s", path)
@@ -154,6 +157,7 @@ class ExportCallback(_Periodic):
         self.export_base, self.serving, self.keep = export_base, serving, keep
         self._exporter: versioned_export.Exporter | None = None
         self.exported: list[str] = []
+        self.seconds: list[float] = []  # of each export written
         self.failures = WriteFailures("the export", export_base, "--export_dir")
 
     def act(self) -> str | None:
@@ -161,6 +165,8 @@ class ExportCallback(_Periodic):
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
         self.schedule.mark(step)
+        start = time.perf_counter()
+        rec_model.trim_tables()
         if self._exporter is None:  # traced and saved once; later only the values
             module, signatures = self.serving(rec_model)
             self._exporter = versioned_export.Exporter(
@@ -169,6 +175,7 @@ class ExportCallback(_Periodic):
         with self.failures.guard():
             path = self._exporter.export(step, {"step": step, "position": rec_model.position})
             self.exported.append(path)
+            self.seconds.append(time.perf_counter() - start)
             logging.info("exported %s", path)
             return path
         return None
@@ -296,7 +303,7 @@ class TableWatch(Callback):
 
     Args:
         capacity_flags: The flag that sizes each table, by ``"user"`` and ``"item"``.
-        evict_flag: The flag that frees rows of ids unseen for a while.
+        policy_flags: The flag that sets each table's eviction policy.
         warn_every_seconds: Shortest interval between two warnings about one table.
     """
 
@@ -305,12 +312,12 @@ class TableWatch(Callback):
     def __init__(
         self,
         capacity_flags: dict[str, str] | None = None,
-        evict_flag: str = "--evict_filter_value",
+        policy_flags: dict[str, str] | None = None,
         warn_every_seconds: float = 300.0,
     ) -> None:
         super().__init__()
         self.capacity_flags = capacity_flags or {t: f"--{t}_capacity" for t in self.TABLES}
-        self.evict_flag = evict_flag
+        self.policy_flags = policy_flags or {t: f"--{t}_evict_policy" for t in self.TABLES}
         self.warn_every_seconds = warn_every_seconds
         self._warned: dict[str, tuple[float, int]] = {}  # table -> (when, refused then)
 
@@ -341,18 +348,18 @@ class TableWatch(Callback):
             if when is not None and now - when < self.warn_every_seconds:
                 continue
             self._warned[name] = (now, refused)
-            evicting = table.evict_filter_value
-            free = (
-                f"or lower {self.evict_flag} (now {evicting}) to free rows of ids unseen "
-                "for fewer steps"
-                if evicting
-                else f"or set {self.evict_flag} to free rows of ids unseen for that many steps"
-            )
+            if table.policy.evicts:
+                free = f": all were in use by the steps that refused them ({table.policy})"
+            else:
+                free = (
+                    f" or set {self.policy_flags[name]} lru (or lfu, ttl:STEPS) so that new "
+                    f"{name}s take the rows of the least used"
+                )
             since = f" ({refused - then:,} since the last warning)" if then else ""
             logging.warning(
                 "the %s table is full: all %s rows hold ids, and %s admissions of new %ss "
                 "were refused so far%s: those %ss read the shared default row and are not "
-                "learnt; raise %s, %s",
+                "learnt; raise %s%s",
                 name,
                 f"{table.capacity:,}",
                 f"{refused:,}",
@@ -416,7 +423,7 @@ class ReportRestore(Callback):
             network, step = self.rec_model.network, int(self.rec_model.step.numpy())
             print(
                 f"restored {self.checkpoint.restored_from}: step={step} "
-                f"users={int(network.user_embedding.size())} "
-                f"items={int(network.item_embedding.size())} tables={table_digest(network)}",
+                f"users={int(network.user_embedding.size.numpy())} "
+                f"items={int(network.item_embedding.size.numpy())} tables={table_digest(network)}",
                 flush=True,
             )

@@ -21,7 +21,7 @@ from recommendation.online.rec_model import StreamBatch
 
 class EventStream:
     """Batches of `batch_size` events from a source, as `StreamBatch` of
-    ``{"user_id", "item_id"}``; a partial batch once the source has been quiet for
+    ``{"user_id", "item_id", "timestamp"}``; a partial batch once the source has been quiet for
     `linger_seconds` (fresh events are not held back); None while idle.
 
     Args:
@@ -41,7 +41,7 @@ class EventStream:
         self.source.commit(position)
 
     def __iter__(self) -> Iterator[StreamBatch | None]:
-        users, items, ids = [], [], []
+        users, items, times, ids = [], [], [], []
         count, started, position = 0, None, None
         while True:
             wait = self.linger_seconds if count else 0.1
@@ -51,6 +51,7 @@ class EventStream:
                 if len(chunk):
                     users.append(chunk.users)
                     items.append(chunk.items)
+                    times.append(chunk.timestamps)
                     ids.extend(chunk.ids)
                     count += len(chunk)
                     started = started or time.monotonic()
@@ -61,12 +62,13 @@ class EventStream:
                     {
                         constants.USER_COLUMN: np.concatenate(users),
                         constants.ITEM_COLUMN: np.concatenate(items),
+                        constants.TIME_COLUMN: np.concatenate(times),
                     },
                     position,
                     count,
                     ids,
                 )
-                users, items, ids, count, started = [], [], [], 0, None
+                users, items, times, ids, count, started = [], [], [], [], 0, None
             elif chunk is None:
                 if self.source.exhausted:
                     return

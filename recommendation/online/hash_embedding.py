@@ -2,17 +2,27 @@
 
 The counterpart of MindSpore Rec's ``HashEmbeddingLookup`` on TensorFlow's own mutable
 hash tables. A live stream brings users and items no fixed-size table was sized for,
-so ids map to rows of a bounded table through a ``tf.lookup`` hash table:
+so ids map to rows through a ``tf.lookup`` hash table, and the table costs what it
+holds:
 
+- rows (and their optimiser moments) are allocated as ids are admitted, doubling up to
+  `capacity`, which is a bound, not an allocation; the live rows are always rows
+  ``1..size`` (row 0 is the shared default row), so checkpoints and exports, taken
+  after `trim`, hold the live rows only;
+- every step's work is proportional to its batch: admission, refresh, eviction
+  (`eviction.CandidatePool`), freeing rows (the last rows move into the holes) and
+  drawing rows (uniform over ``1..size``);
 - an id gets a row of its own only after `permit_filter_value` sightings in training
-  calls (one-off ids, bots and typos never take a row); until then it reads a shared
-  default row that is never trained;
-- a row whose id has not been seen for `evict_filter_value` training steps is freed
-  and reused by the next admitted id, with fresh initial values and, for any optimiser
-  attached with `attach_optimizer`, zeroed slot rows (a new id must not inherit the
-  Adam moments of the one before it);
-- everything (tables, rows, counters) is tracked by ``tf.train.Checkpoint`` and
-  ``tf.saved_model``.
+  calls, and then with probability `admit_probability` at each sighting (one-off ids,
+  bots and typos never take a row); until then it reads the default row, never
+  trained;
+- a full table makes room by its `eviction` policy (`eviction.parse_policy`: lru, lfu,
+  ttl, none), never taking a row the current step uses; a new id starts with fresh
+  initial values and zeroed moments;
+- the rows train with the optimiser given to `attach_optimizer` (lazy Adam, or SGD),
+  only the rows each step uses, and everything (index, rows, moments, priorities,
+  counters) is tracked by ``tf.train.Checkpoint``: a restored table evicts exactly the
+  rows an uninterrupted one does.
 
 A "step" is one training call (``training=True``): call each layer once per step.
 """
@@ -22,9 +32,44 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from recommendation import neumf_model
+from recommendation.online.eviction import (
+    CandidatePool,
+    EvictionPolicy,
+    parse_policy,
+    seen_priority,
+)
+
 # Reserved keys of the int64 DenseHashTable; ids must not take these two values.
 _EMPTY_KEY = -(2**63)
 _DELETED_KEY = -(2**63) + 1
+_FIRST_ALLOCATION = 64  # rows allocated by the first admission
+_INITIAL_BUCKETS = 1024
+
+
+def _bucket_count(entries: tf.Tensor) -> tf.Tensor:
+    """A power of two with room for `entries` at a load of 40% at most."""
+    wanted = tf.maximum(tf.cast(entries, tf.float64) * 2.5, _INITIAL_BUCKETS)
+    exponent = tf.math.ceil(tf.math.log(wanted) / tf.math.log(tf.constant(2.0, tf.float64)))
+    return tf.cast(tf.pow(tf.constant(2.0, tf.float64), exponent), tf.int64)
+
+
+def _reset(table: tf.lookup.experimental.DenseHashTable, buckets: tf.Tensor, width: int):
+    """Empties `table` into `buckets` new buckets, tombstones (removed keys) included:
+    an import copies the buckets given as they are, all empty here."""
+
+    def shaped(value, shape):
+        # The kernel takes (buckets, 1) keys and (buckets, width) values; the op's
+        # shape function wants rank-1 keys: a shape of unknown length passes both.
+        dims = tf.stack(shape)
+        return tf.reshape(value, tf.boolean_mask(dims, tf.ones_like(dims, tf.bool)))
+
+    empty = tf.fill([buckets], tf.constant(_EMPTY_KEY, tf.int64))
+    tf.raw_ops.LookupTableImportV2(
+        table_handle=table.resource_handle,
+        keys=shaped(empty, [buckets, 1]),
+        values=shaped(tf.zeros([buckets * width], tf.int64), [buckets, width]),
+    )
 
 
 def _make_table(key_dtype: tf.DType, default_value) -> tf.lookup.experimental.MutableHashTable:
@@ -37,9 +82,15 @@ def _make_table(key_dtype: tf.DType, default_value) -> tf.lookup.experimental.Mu
             default_value=default_value,
             empty_key=_EMPTY_KEY,
             deleted_key=_DELETED_KEY,
-            initial_num_buckets=1024,  # grows as needed; keeps checkpoints small
+            initial_num_buckets=_INITIAL_BUCKETS,  # grows as needed; small checkpoints
         )
     return tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value)
+
+
+def _growing(initial: tf.Tensor, name: str, trainable: bool = False) -> tf.Variable:
+    """A variable whose first dimension may change (rows are added and trimmed)."""
+    shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
+    return tf.Variable(initial, shape=shape, trainable=trainable, name=name)
 
 
 @tf.custom_gradient
@@ -61,18 +112,25 @@ class HashEmbedding(keras.layers.Layer):
     Args:
         embedding_size: Width of each row.
         key_dtype: ``"int64"`` or ``"string"``.
-        initializer: Keras initializer for new (and reused) rows.
+        initializer: Keras initializer for new rows.
         max_norm: If set, looked-up rows are scaled down to at most this L2 norm.
-        permit_filter_value: Sightings an id needs before it gets a row of its own.
+        permit_filter_value: Sightings an id needs before it may get a row.
         evict_filter_value: Free an id's row after this many training steps without
-            a sighting; None never evicts.
-        capacity: Rows available to admitted ids.
+            a sighting (the same as ``eviction="ttl:N"``); None: by `eviction`.
+        capacity: Most rows held at once.
+        eviction: Policy of a full table (`eviction.parse_policy`): ``none`` refuses
+            new ids, ``lru``, ``lfu[:H]``, ``ttl:N`` and ``ttl:Ns`` make room.
+        admit_probability: Chance that a sighting of an id without a row (past the
+            permit filter) admits it; drawn from `seed` and the step, so a run is
+            reproducible.
+        seed: Seed of those draws.
 
     Call args:
         ids: `(...)` ids, or row numbers when `by_slot` (`sample_slots` output; no
             bookkeeping, -1 reads the default row).
         training: Whether this is a training step (admits, refreshes, evicts).
         by_slot: `ids` are row numbers.
+        times: Event times of `ids` (int64 seconds), for ``ttl:Ns``.
     Returns:
         `(..., embedding_size)` rows; ids without a row get the default row.
     """
@@ -86,9 +144,12 @@ class HashEmbedding(keras.layers.Layer):
         permit_filter_value: int = 1,
         evict_filter_value: int | None = None,
         capacity: int = 2**16,
+        eviction: str = "none",
+        admit_probability: float = 1.0,
+        seed: int = 0,
         **kwargs,
     ) -> None:
-        # Off, so that row resets write the float32 variables themselves; rows are cast
+        # Off, so that row writes go to the float32 variables themselves; rows are cast
         # to the compute dtype after the gather instead.
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
@@ -101,17 +162,31 @@ class HashEmbedding(keras.layers.Layer):
             raise ValueError(f"evict_filter_value must be positive or None: {evict_filter_value}")
         if key_dtype not in ("int64", "string"):
             raise ValueError(f"key_dtype must be 'int64' or 'string', got {key_dtype!r}")
+        if not 0.0 < admit_probability <= 1.0:
+            raise ValueError(f"admit_probability must be in (0, 1], got {admit_probability}")
+        policy = parse_policy(eviction)
+        if evict_filter_value is not None:
+            if policy.kind != "none":
+                raise ValueError(
+                    f"evict_filter_value={evict_filter_value} is eviction='ttl:"
+                    f"{evict_filter_value}': give one of the two, not eviction={eviction!r} too"
+                )
+            policy = EvictionPolicy("ttl", ttl_steps=int(evict_filter_value))
+        self.policy = policy
         self.embedding_size = int(embedding_size)
         self.key_dtype = key_dtype
         self.max_norm = max_norm
         self.permit_filter_value = int(permit_filter_value)
         self.evict_filter_value = evict_filter_value
         self.capacity = int(capacity)
-        self.initializer = keras.initializers.get(initializer)
-        self._initializer_config = keras.initializers.serialize(self.initializer)
+        self.admit_probability = float(admit_probability)
+        self.seed = int(seed)
+        self._initializer_config = keras.initializers.serialize(keras.initializers.get(initializer))
+        # A copy of the caller's: its seed becomes this table's seed generator below.
+        self.initializer = keras.initializers.deserialize(self._initializer_config)
         if isinstance(getattr(self.initializer, "seed", None), int):
-            # A seed generator makes each reset draw new values (an int seed would
-            # give every reused row the same ones); as an attribute it is checkpointed.
+            # A seed generator makes each admission draw new values (an int seed would
+            # give every new row the same ones); as an attribute it is checkpointed.
             self.seed_generator = keras.random.SeedGenerator(self.initializer.seed)
             self.initializer.seed = self.seed_generator
             # TensorFlow checkpoints do not follow Keras seed generators; a tf.Module
@@ -122,60 +197,171 @@ class HashEmbedding(keras.layers.Layer):
         self._table = _make_table(dtype, -1)
         # Not-yet-admitted ids: [sightings, last step seen].
         self._pending = _make_table(dtype, tf.constant([0, 0], tf.int64))
-        object.__setattr__(self, "_slot_variables", ())
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.slot_keys = tf.Variable(
-            tf.zeros([self.capacity], dtype), trainable=False, name="slot_keys"
+        int64 = tf.int64
+        self.step = tf.Variable(0, dtype=int64, trainable=False, name="step")
+        self.size = tf.Variable(0, dtype=int64, trainable=False, name="size")
+        # Rows allocated after the default row (a variable's shape would be read from
+        # the variable: a full copy when scatters write it).
+        self.allocated = tf.Variable(0, dtype=int64, trainable=False, name="allocated")
+        # Row 0 is the default row: zeros, never trained.
+        self.embeddings = _growing(tf.zeros([1, self.embedding_size]), "embeddings", True)
+        self.slot_keys = _growing(tf.zeros([1], dtype), "slot_keys")
+        self.priority = _growing(tf.zeros([1], tf.float64), "priority")
+        self.last_seen = _growing(tf.zeros([1], int64), "last_seen")
+        if policy.ttl_seconds:
+            self.last_time = _growing(tf.zeros([1], int64), "last_time")
+            self.clock = tf.Variable(-(2**62), dtype=int64, trainable=False, name="clock")
+        self.num_admitted = tf.Variable(0, dtype=int64, trainable=False, name="num_admitted")
+        self.num_evicted = tf.Variable(0, dtype=int64, trainable=False, name="num_evicted")
+        self.num_rejected = tf.Variable(0, dtype=int64, trainable=False, name="num_rejected")
+        # A DenseHashTable marks a removed key's bucket (a tombstone) and only re-buckets
+        # as its live keys grow: under churn the tombstones fill every free bucket and a
+        # lookup of an absent id fails ("Internal error in MutableDenseHashTable
+        # lookup"). So each index (rows, pending sightings) is rebuilt once the removals
+        # since its last rebuild reach an eighth of its buckets then: O(1) a removal.
+        self.removals = tf.Variable([0, 0], dtype=int64, trainable=False, name="removals")
+        self.buckets = tf.Variable(
+            [_INITIAL_BUCKETS] * 2, dtype=int64, trainable=False, name="buckets"
         )
-        # -1 marks a free row.
-        self.last_seen = tf.Variable(
-            tf.fill([self.capacity], tf.constant(-1, tf.int64)), trainable=False, name="last_seen"
-        )
-        self.num_admitted = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_admitted")
-        self.num_evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_evicted")
-        self.num_rejected = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_rejected")
+        # The optimiser's moments of the rows (`attach_optimizer`), grown with them.
+        self.momentum: tf.Variable | None = None
+        self.velocity: tf.Variable | None = None
+        object.__setattr__(self, "_update", None)
+        # A cache of the eviction order, rebuilt when needed: not checkpointed.
+        object.__setattr__(self, "_pool", CandidatePool(self, dtype))
 
     def build(self, input_shape=None) -> None:
-        # The last row is the shared default row; zeros keep unknown ids neutral.
-        def initial(shape, dtype):
-            rows = self.initializer((self.capacity, self.embedding_size), dtype)
-            return tf.concat([rows, tf.zeros([1, self.embedding_size], dtype)], 0)
-
-        self.embeddings = self.add_weight(
-            shape=(self.capacity + 1, self.embedding_size), initializer=initial, name="embeddings"
-        )
         super().build(input_shape)
 
-    def attach_optimizer(self, optimizer: keras.optimizers.Optimizer) -> int:
-        """Finds the optimiser's slot variables of the table (moments, accumulators) so
-        that reused rows start them afresh; returns how many were found.
+    # -- what the pool and the trainer read ------------------------------------
 
-        Keras optimisers name a slot ``<variable path with _>_<slot name>`` and give it
-        the variable's shape; the optimiser must be built.
-        """
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            optimizer = optimizer.inner_optimizer
-        prefix = self.embeddings.path.replace("/", "_") + "_"
-        slots = tuple(
-            variable
-            for variable in optimizer.variables
-            if variable.name.startswith(prefix) and variable.shape == self.embeddings.shape
+    @property
+    def stamps(self) -> tf.Variable:
+        """Each row's expiry stamp: the step (or, for ``ttl:Ns``, the clock) it was
+        last seen at."""
+        return self.last_time if self.policy.ttl_seconds else self.last_seen
+
+    @property
+    def stamp_clock(self) -> tf.Tensor:
+        """The stamp a row seen now gets."""
+        return tf.identity(self.clock if self.policy.ttl_seconds else self.step)
+
+    def lookup_slots(self, keys: tf.Tensor) -> tf.Tensor:
+        """Rows of `keys` (`(n,)`), -1 where absent."""
+        return tf.reshape(self._table.lookup(keys), [-1])
+
+    def tiebreak(self, keys: tf.Tensor) -> tf.Tensor:
+        """What orders rows of equal priority: the id, or a string's fingerprint."""
+        if self.key_dtype == "int64":
+            return keys
+        return tf.strings.to_hash_bucket_fast(keys, 2**62)
+
+    def release(self, keys: tf.Tensor, slots: tf.Tensor) -> None:
+        """Takes `keys` out of the index; their rows (`slots`) get a priority above
+        any eviction floor until they are reused or moved."""
+        self._table.remove(keys)
+        self.removals.assign_add(tf.stack([tf.size(keys, out_type=tf.int64), 0]))
+        self.priority.scatter_update(
+            tf.IndexedSlices(tf.fill(tf.shape(slots), tf.constant(float("inf"), tf.float64)), slots)
         )
-        # Past Keras' and TensorFlow's attribute tracking: the optimiser owns (and
-        # checkpoints) these variables, this layer only resets rows of them.
-        object.__setattr__(self, "_slot_variables", slots)
-        return len(slots)
 
-    def call(self, ids, training=None, by_slot=False):
+    # -- training the rows -------------------------------------------------------
+
+    def attach_optimizer(self, optimizer: keras.optimizers.Optimizer) -> int:
+        """Makes the rows train with `optimizer`'s rule and rate, lazily (only the rows
+        a step uses): Adam (moments kept per row, zeroed for a new id) or SGD without
+        momentum. Returns the number of moment tables."""
+        inner = optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            inner = optimizer.inner_optimizer
+        if isinstance(inner, keras.optimizers.Adam) and not getattr(inner, "amsgrad", False):
+            if self.momentum is None:
+                zeros = tf.zeros([self.allocated.numpy() + 1, self.embedding_size])
+                self.momentum = _growing(zeros, "momentum")
+                self.velocity = _growing(zeros, "velocity")
+        elif not (isinstance(inner, keras.optimizers.SGD) and not inner.momentum):
+            raise ValueError(
+                f"HashEmbedding rows train with Adam or SGD without momentum, lazily; "
+                f"got {type(inner).__name__}"
+            )
+        object.__setattr__(self, "_update", (optimizer, inner))
+        return len(self.moments)
+
+    def train_rows(self, gradient: tf.IndexedSlices) -> None:
+        """Applies the gradient of the rows (`embeddings`) with the attached optimiser;
+        call before the optimiser's own ``apply`` of the step (Adam's step count)."""
+        if self._update is None:
+            raise ValueError("call attach_optimizer before training the rows")
+        optimizer, inner = self._update
+        values, indices = gradient.values, gradient.indices
+        known = indices > 0  # the default row (0) is never trained
+        values, indices = tf.boolean_mask(values, known), tf.boolean_mask(indices, known)
+        if optimizer is not inner:  # loss scaling: unscale, skip non-finite steps
+            values = values / tf.cast(optimizer.dynamic_scale, values.dtype)
+        rows = tf.stack([self.allocated + 1, self.embedding_size])
+        gradient = tf.IndexedSlices(values, indices, tf.cast(rows, tf.int64))
+        rate = tf.cast(inner.learning_rate, tf.float32)
+
+        def apply():
+            if self.moments:
+                neumf_model.lazy_adam_rows(
+                    gradient,
+                    self.embeddings,
+                    *self.moments,
+                    rate,
+                    inner.beta_1,
+                    inner.beta_2,
+                    inner.epsilon,
+                    tf.cast(inner.iterations + 1, tf.float32),
+                )
+            else:
+                self.embeddings.scatter_sub(tf.IndexedSlices(rate * values, indices))
+            return tf.constant(True)
+
+        if optimizer is inner:
+            apply()
+        else:
+            tf.cond(tf.reduce_all(tf.math.is_finite(values)), apply, lambda: tf.constant(False))
+
+    @property
+    def moments(self) -> list[tf.Variable]:
+        """The rows' optimiser moments (Adam's two; none for SGD)."""
+        return [] if self.momentum is None else [self.momentum, self.velocity]
+
+    def _row_variables(self) -> list[tf.Variable]:
+        variables = [self.embeddings, *self.moments, self.slot_keys, self.priority]
+        variables.append(self.last_seen)
+        if self.policy.ttl_seconds:
+            variables.append(self.last_time)
+        return variables
+
+    def trim(self) -> None:
+        """Drops the rows allocated beyond the live ones (before a checkpoint or an
+        export, so that they hold the live rows only)."""
+        end = self.size + 1
+        for variable in self._row_variables():
+            variable.assign(variable[:end])
+        self.allocated.assign(self.size)
+
+    def serving_state(self) -> tf.Module:
+        """What serving lookups read (the index and the rows), for a SavedModel that
+        holds nothing else of the table."""
+        state = tf.Module(name=f"{self.name}_serving")
+        state.index, state.rows = self._table, self.embeddings
+        return state
+
+    # -- lookups -----------------------------------------------------------------
+
+    def call(self, ids, training=None, by_slot=False, times=None):
         if by_slot:
             slots = tf.reshape(tf.cast(ids, tf.int64), [-1])
         else:
-            slots = self.slots(ids, training)
+            slots = self.slots(ids, training, times)
         rows = self._gather(slots)
         shape = tf.concat([tf.shape(ids), [self.embedding_size]], 0)
         return tf.reshape(rows, shape)
 
-    def slots(self, ids, training: bool = False) -> tf.Tensor:
+    def slots(self, ids, training: bool = False, times=None) -> tf.Tensor:
         """Row numbers `(n,)` of `ids` (flattened), -1 for ids without a row.
 
         With `training`, this is the step's bookkeeping (admission, refresh,
@@ -183,17 +369,23 @@ class HashEmbedding(keras.layers.Layer):
         RecModel do, since it writes rows of the float32 variables.
         """
         flat = tf.reshape(tf.convert_to_tensor(ids, dtype=self.key_dtype), [-1])
-        return self._resolve(flat) if training else self._lookup(flat)
+        if not training:
+            return self.lookup_slots(flat)
+        if self.policy.ttl_seconds:
+            if times is None:
+                raise ValueError(f"eviction {self.policy} needs the events' times")
+            self.clock.assign(tf.maximum(self.clock, tf.reduce_max(tf.cast(times, tf.int64))))
+        return self._resolve(flat)
 
     def _gather(self, slots: tf.Tensor) -> tf.Tensor:
         """The default row gets no gradient; rows are clipped to `max_norm`.
 
         The rows are gathered from the tf.Variable itself (a ResourceGather): a dense
-        read of a variable that scatter updates write (admission here, lazy Adam)
-        copies the whole table first.
+        read of a variable that scatter updates write (admission, lazy Adam) copies
+        the whole table first.
         """
-        known = slots >= 0
-        rows = tf.gather(self.embeddings.value, tf.where(known, slots, self.capacity))
+        known = slots > 0
+        rows = tf.gather(self.embeddings, tf.where(known, slots, 0))
         rows = _default_rows_untrained(rows, known)
         if self.max_norm is not None:
             rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
@@ -202,25 +394,17 @@ class HashEmbedding(keras.layers.Layer):
     def sample_slots(self, num: tf.Tensor | int) -> tuple[tf.Tensor, tf.Tensor]:
         """`num` rows drawn uniformly from the occupied ones: `(keys, slots)`; slots are
         -1 while the table is empty."""
-        occupied = tf.where(self.last_seen >= 0)[:, 0]
-        count = tf.size(occupied, out_type=tf.int64)
-        # While the table is empty the one candidate is -1, the default row.
-        candidates = tf.concat([occupied, tf.constant([-1], tf.int64)], 0)
-        draws = tf.random.uniform([num], 0, tf.maximum(count, 1), dtype=tf.int64)
-        slots = tf.gather(candidates, draws)
+        draws = tf.random.uniform([num], 1, tf.maximum(self.size, 1) + 1, dtype=tf.int64)
+        slots = tf.where(self.size > 0, draws, -1)
         return tf.gather(self.slot_keys, tf.maximum(slots, 0)), slots
-
-    def size(self) -> tf.Tensor:
-        """Ids that hold a row."""
-        return tf.reduce_sum(tf.cast(self.last_seen >= 0, tf.int64))
 
     def counts(self) -> dict[str, int]:
         """What the table holds and has done since it was created (eagerly): ``ids``
         holding a row, its ``capacity``, ids ``admitted``, rows ``evicted``, and
-        ``refused`` admissions (an id that reached admission while every row was
-        taken; refused again at each later step that sees it)."""
+        ``refused`` admissions (an id that reached admission while no row could be
+        given; refused again at each later step that sees it)."""
         return {
-            "ids": int(self.size()),
+            "ids": int(self.size.numpy()),
             "capacity": self.capacity,
             "admitted": int(self.num_admitted.numpy()),
             "evicted": int(self.num_evicted.numpy()),
@@ -228,84 +412,176 @@ class HashEmbedding(keras.layers.Layer):
         }
 
     def contents(self) -> tuple[tf.Tensor, tf.Tensor]:
-        """`(keys, slots)` of every admitted id, sorted by slot (a stable view for
-        comparing tables)."""
-        slots = tf.where(self.last_seen >= 0)[:, 0]
+        """`(keys, slots)` of every admitted id, by slot."""
+        slots = tf.range(1, self.size + 1)
         return tf.gather(self.slot_keys, slots), slots
 
     # -- the training-time bookkeeping ----------------------------------------
 
-    def _lookup(self, keys: tf.Tensor) -> tf.Tensor:
-        """Slots of `keys` (`(n,)`), -1 where absent (with the static shape the table
-        lookup loses)."""
-        return tf.reshape(self._table.lookup(keys), [-1])
-
     def _resolve(self, flat: tf.Tensor) -> tf.Tensor:
         step = self.step.assign_add(1)
         unique, positions, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
-        slots = self._lookup(unique)
-        hits = tf.boolean_mask(slots, slots >= 0)
-        self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), step), hits))
-        if self.evict_filter_value is not None:
-            self._evict(step)
-        admit = self._count_sightings(unique, counts, slots < 0, step)
-        self._admit(tf.boolean_mask(unique, admit), step)
-        return tf.gather(self._lookup(unique), positions)
+        slots = self.lookup_slots(unique)
+        held = slots >= 0
+        self._refresh(tf.boolean_mask(slots, held), tf.boolean_mask(counts, held), step)
+        freed = tf.zeros([0], tf.int64)
+        if self.policy.kind == "ttl":
+            ttl = self.policy.ttl_seconds or self.policy.ttl_steps
+            keys, freed = self._pool.take_expired(self.stamp_clock - ttl, step)
+            self.num_evicted.assign_add(tf.size(keys, out_type=tf.int64))
+            if self.permit_filter_value > 1 and not self.policy.ttl_seconds:
+                # Ids that never reached admission are forgotten on the same schedule.
+                tf.cond(
+                    step % ttl == 0,
+                    lambda: self._forget_pending(step, ttl),
+                    lambda: tf.constant(0, tf.int64),
+                )
+        missing = ~held
+        draws = self._admission_draws(tf.size(unique), step)
+        admit = self._count_sightings(unique, counts, missing, draws, step)
+        self._admit(tf.boolean_mask(unique, admit), tf.boolean_mask(counts, admit), freed, step)
+        if self.key_dtype == "int64":
+            self._rebuild_indexes_if_worn()
+        return tf.gather(self.lookup_slots(unique), positions)
 
-    def _count_sightings(self, unique, counts, missing, step) -> tf.Tensor:
-        """Which missing ids reach `permit_filter_value` sightings now."""
+    def _rebuild_indexes_if_worn(self) -> None:
+        worn = self.removals * 8 >= self.buckets
+        tf.cond(worn[0], self._rebuild_index, lambda: tf.constant(False))
+        if self.permit_filter_value > 1:
+            tf.cond(worn[1], self._rebuild_pending, lambda: tf.constant(False))
+
+    def _rebuild_index(self) -> tf.Tensor:
+        live = tf.range(1, self.size + 1)
+        buckets = _bucket_count(self.size)
+        _reset(self._table, buckets, 1)
+        self._table.insert(tf.gather(self.slot_keys, live), live)
+        self.buckets.scatter_update(tf.IndexedSlices(buckets[None], [0]))
+        self.removals.scatter_update(tf.IndexedSlices(tf.zeros([1], tf.int64), [0]))
+        return tf.constant(True)
+
+    def _rebuild_pending(self) -> tf.Tensor:
+        keys, values = self._pending.export()
+        keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, 2])
+        live = (keys != _EMPTY_KEY) & (keys != _DELETED_KEY)
+        keys, values = tf.boolean_mask(keys, live), tf.boolean_mask(values, live)
+        buckets = _bucket_count(tf.size(keys))
+        _reset(self._pending, buckets, 2)
+        self._pending.insert(keys, values)
+        self.buckets.scatter_update(tf.IndexedSlices(buckets[None], [1]))
+        self.removals.scatter_update(tf.IndexedSlices(tf.zeros([1], tf.int64), [1]))
+        return tf.constant(True)
+
+    def _refresh(self, slots, sightings, step) -> None:
+        old = tf.gather(self.priority, slots)
+        fresh = seen_priority(self.policy, old, sightings, step)
+        self.priority.scatter_update(tf.IndexedSlices(fresh, slots))
+        self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(slots), step), slots))
+        if self.policy.ttl_seconds:
+            clock = tf.fill(tf.shape(slots), self.clock.read_value())
+            self.last_time.scatter_update(tf.IndexedSlices(clock, slots))
+
+    def _admission_draws(self, num: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+        """Which of `num` candidates pass `admit_probability` this step."""
+        if self.admit_probability >= 1.0:
+            return tf.ones([num], tf.bool)
+        seed = tf.stack([tf.constant(self.seed, tf.int64), step])
+        return tf.random.stateless_uniform([num], seed, dtype=tf.float64) < self.admit_probability
+
+    def _count_sightings(self, unique, counts, missing, drawn, step) -> tf.Tensor:
+        """Which missing ids reach `permit_filter_value` sightings now and are
+        `drawn` for admission (the others keep counting)."""
         if self.permit_filter_value == 1:
-            return missing
+            return missing & drawn
         keys = tf.boolean_mask(unique, missing)
         sightings = tf.reshape(self._pending.lookup(keys), [-1, 2])[:, 0]
         total = sightings + tf.boolean_mask(counts, missing)
-        ready = total >= self.permit_filter_value
+        ready = (total >= self.permit_filter_value) & tf.boolean_mask(drawn, missing)
         waiting = ~ready
         seen = tf.stack([total, tf.fill(tf.shape(total), step)], axis=1)
         self._pending.insert(tf.boolean_mask(keys, waiting), tf.boolean_mask(seen, waiting))
         self._pending.remove(tf.boolean_mask(keys, ready))
+        self.removals.assign_add(tf.stack([0, tf.reduce_sum(tf.cast(ready, tf.int64))]))
         return tf.tensor_scatter_nd_update(tf.zeros_like(missing), tf.where(missing), ready)
 
-    def _admit(self, keys: tf.Tensor, step: tf.Tensor) -> None:
-        free = tf.where(self.last_seen < 0)[:, 0]
-        num = tf.minimum(tf.size(keys, out_type=tf.int64), tf.size(free, out_type=tf.int64))
-        self.num_rejected.assign_add(tf.size(keys, out_type=tf.int64) - num)
-        keys, slots = keys[:num], free[:num]
+    def _admit(self, keys, sightings, freed, step) -> None:
+        """Rows for `keys` (in order): freed rows first, then new rows while the
+        capacity allows, then rows of the policy's victims; the rest are refused.
+        Freed rows left over are filled from the end."""
+        wanted = tf.size(keys, out_type=tf.int64)
+        spare = tf.size(freed, out_type=tf.int64) + self.capacity - self.size
+        victims = tf.zeros([0], tf.int64)
+        if self.policy.evicts:
+            victims = self._pool.take_lowest(tf.maximum(wanted - spare, 0), step)[1]
+        self.num_evicted.assign_add(tf.size(victims, out_type=tf.int64))
+        reused = tf.concat([freed, victims], 0)
+        num = tf.minimum(wanted, spare + tf.size(victims, out_type=tf.int64))
+        self.num_rejected.assign_add(wanted - num)
+        num_reused = tf.minimum(num, tf.size(reused, out_type=tf.int64))
+        appended = tf.range(self.size + 1, self.size + 1 + num - num_reused)
+        self._reserve(self.size + num - num_reused)
+        self.size.assign_add(num - num_reused)
+        slots = tf.concat([reused[:num_reused], appended], 0)
+        keys, sightings = keys[:num], sightings[:num]
         self._table.insert(keys, slots)
         self.slot_keys.scatter_update(tf.IndexedSlices(keys, slots))
+        priority = seen_priority(self.policy, None, sightings, step)
+        self.priority.scatter_update(tf.IndexedSlices(priority, slots))
         self.last_seen.scatter_update(tf.IndexedSlices(tf.fill([num], step), slots))
+        if self.policy.ttl_seconds:
+            clock = tf.fill([num], self.clock.read_value())
+            self.last_time.scatter_update(tf.IndexedSlices(clock, slots))
         fresh = self.initializer((num, self.embedding_size), self.embeddings.dtype)
-        # Keras variables wrap a tf.Variable; autocast is off in this layer, so
-        # `.value` is that variable, not a cast copy.
-        self.embeddings.value.scatter_update(tf.IndexedSlices(fresh, slots))
-        for variable in self._slot_variables:
-            variable.value.scatter_update(tf.IndexedSlices(tf.zeros_like(fresh), slots))
+        self.embeddings.scatter_update(tf.IndexedSlices(fresh, slots))
+        for moment in self.moments:
+            moment.scatter_update(tf.IndexedSlices(tf.zeros_like(fresh), slots))
+        # Freed rows no new id took.
+        self._close_holes(reused[num_reused:])
         self.num_admitted.assign_add(num)
 
-    def _evict(self, step: tf.Tensor) -> None:
-        stale = (self.last_seen >= 0) & (step - self.last_seen > self.evict_filter_value)
-        slots = tf.where(stale)[:, 0]
-        self._table.remove(tf.gather(self.slot_keys, slots))
-        free = tf.fill(tf.shape(slots), tf.constant(-1, tf.int64))
-        self.last_seen.scatter_update(tf.IndexedSlices(free, slots))
-        self.num_evicted.assign_add(tf.size(slots, out_type=tf.int64))
-        if self.permit_filter_value > 1:
-            # Ids that never reached admission are forgotten on the same schedule.
-            tf.cond(
-                step % self.evict_filter_value == 0,
-                lambda: self._forget_pending(step),
-                lambda: tf.constant(0, tf.int64),
-            )
+    def _reserve(self, rows: tf.Tensor) -> None:
+        """Allocates rows up to `rows` (doubling, up to the capacity)."""
+        allocated = self.allocated.read_value()
 
-    def _forget_pending(self, step: tf.Tensor) -> tf.Tensor:
+        def grow():
+            target = tf.maximum(tf.maximum(2 * allocated, rows), _FIRST_ALLOCATION)
+            extra = tf.minimum(target, self.capacity) - allocated
+            for variable in self._row_variables():
+                shape = tf.concat([[extra], tf.shape(variable, out_type=tf.int64)[1:]], 0)
+                variable.assign(tf.concat([variable, tf.zeros(shape, variable.dtype)], 0))
+            self.allocated.assign_add(extra)
+            return tf.constant(True)
+
+        tf.cond(rows > allocated, grow, lambda: tf.constant(False))
+
+    def _close_holes(self, holes: tf.Tensor) -> None:
+        """Frees rows `holes` (already out of the index) by moving the last live rows
+        into them, so that the live rows stay ``1..size``."""
+        num = tf.size(holes, out_type=tf.int64)
+        size = self.size - num
+        tail = tf.range(size + 1, self.size + 1)
+        in_tail = holes > size
+        emptied = tf.scatter_nd(
+            tf.boolean_mask(holes, in_tail)[:, None] - size - 1,
+            tf.ones([tf.reduce_sum(tf.cast(in_tail, tf.int32))], tf.bool),
+            tf.reshape(num, [1]),
+        )
+        movers = tf.boolean_mask(tail, ~emptied)
+        targets = tf.sort(tf.boolean_mask(holes, ~in_tail))
+        self._table.insert(tf.gather(self.slot_keys, movers), targets)
+        for variable in self._row_variables():
+            variable.scatter_update(tf.IndexedSlices(tf.gather(variable, movers), targets))
+        self.size.assign(size)
+
+    def _forget_pending(self, step: tf.Tensor, horizon: int) -> tf.Tensor:
         keys, values = self._pending.export()
         keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, 2])
         if self.key_dtype == "int64":
             live = (keys != _EMPTY_KEY) & (keys != _DELETED_KEY)
         else:
             live = tf.ones_like(keys, tf.bool)
-        stale = live & (step - values[:, 1] > self.evict_filter_value)
+        stale = live & (step - values[:, 1] > horizon)
         self._pending.remove(tf.boolean_mask(keys, stale))
+        self.removals.assign_add(tf.stack([0, tf.reduce_sum(tf.cast(stale, tf.int64))]))
         return tf.reduce_sum(tf.cast(stale, tf.int64))
 
     def get_config(self) -> dict:
@@ -318,5 +594,8 @@ class HashEmbedding(keras.layers.Layer):
             permit_filter_value=self.permit_filter_value,
             evict_filter_value=self.evict_filter_value,
             capacity=self.capacity,
+            eviction=str(self.policy) if self.evict_filter_value is None else "none",
+            admit_probability=self.admit_probability,
+            seed=self.seed,
         )
         return config

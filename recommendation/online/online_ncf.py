@@ -36,8 +36,11 @@ class OnlineParams:
 
     Attributes:
         mf_dim, layers, mlp_regularization: NeuMF sizes (`neumf_model.ModelParams`).
-        user_capacity, item_capacity: Rows of each hash table.
-        permit_filter_value, evict_filter_value, max_norm: `HashEmbedding` filters.
+        user_capacity, item_capacity: Most rows of each hash table.
+        user_eviction, item_eviction: What a full table does (`eviction.parse_policy`);
+            None: ``lru``, or ``ttl:N`` when `evict_filter_value` is N.
+        permit_filter_value, evict_filter_value, max_norm, admit_probability:
+            `HashEmbedding` filters.
         num_neg: Training negatives per event.
         prequential_events: Events per batch scored before training on it.
         prequential_negatives: Negatives each of them is ranked against.
@@ -51,8 +54,11 @@ class OnlineParams:
     mlp_regularization: tuple[float, ...] = neumf_model.ModelParams.mlp_regularization
     user_capacity: int = 2**16
     item_capacity: int = 2**15
+    user_eviction: str | None = None
+    item_eviction: str | None = None
     permit_filter_value: int = 1
     evict_filter_value: int | None = None
+    admit_probability: float = 1.0
     max_norm: float | None = None
     num_neg: int = 4
     prequential_events: int = 64
@@ -90,17 +96,28 @@ class OnlineNeuMF(neumf_model.NeuMF):
         prequential_events: int = OnlineParams.prequential_events,
         prequential_negatives: int = OnlineParams.prequential_negatives,
         top_k: int = OnlineParams.top_k,
+        user_eviction: str | None = OnlineParams.user_eviction,
+        item_eviction: str | None = OnlineParams.item_eviction,
+        admit_probability: float = OnlineParams.admit_probability,
         **kwargs,
     ) -> None:
         width = neumf_model.NeuMF.table_width(mf_dim, layers)
 
-        def hash_table(capacity: int, name: str) -> HashEmbedding:
+        def hash_table(capacity: int, eviction: str | None, name: str, seed: int):
+            if evict_filter_value is not None and eviction is not None:
+                raise ValueError(
+                    f"evict_filter_value={evict_filter_value} sets both tables' eviction to "
+                    f"ttl:{evict_filter_value}: give it or {name}'s eviction={eviction!r}"
+                )
             return HashEmbedding(
                 width,
                 capacity=capacity,
                 name=name,
                 permit_filter_value=permit_filter_value,
                 evict_filter_value=evict_filter_value,
+                eviction=eviction or ("none" if evict_filter_value else "lru"),
+                admit_probability=admit_probability,
+                seed=seed,
                 max_norm=max_norm,
             )
 
@@ -108,8 +125,8 @@ class OnlineNeuMF(neumf_model.NeuMF):
             mf_dim=mf_dim,
             layers=layers,
             mlp_regularization=mlp_regularization,
-            user_embedding=hash_table(user_capacity, "embedding_user"),
-            item_embedding=hash_table(item_capacity, "embedding_item"),
+            user_embedding=hash_table(user_capacity, user_eviction, "embedding_user", 0),
+            item_embedding=hash_table(item_capacity, item_eviction, "embedding_item", 1),
             **kwargs,
         )
         self.num_neg, self.top_k = num_neg, top_k
@@ -123,6 +140,8 @@ class OnlineNeuMF(neumf_model.NeuMF):
         negatives."""
         users = tf.reshape(data[constants.USER_COLUMN], [-1])
         items = tf.reshape(data[constants.ITEM_COLUMN], [-1])
+        times = data.get(constants.TIME_COLUMN)  # for event-time eviction
+        times = None if times is None else tf.reshape(times, [-1])
         tested = tf.minimum(self.prequential_events, tf.size(users))
         block = self.prequential_negatives
         negative_keys, negative_rows = self.item_embedding.sample_slots(tested * block)
@@ -135,8 +154,8 @@ class OnlineNeuMF(neumf_model.NeuMF):
         )
         test_user_rows = self.user_embedding(users[:tested], training=False)
         test_item_rows = self.item_embedding(test_items, by_slot=True)
-        user_rows = self.user_embedding.slots(users, training)
-        item_rows = self.item_embedding.slots(items, training)
+        user_rows = self.user_embedding.slots(users, training, times)
+        item_rows = self.item_embedding.slots(items, training, times)
         train_keys, train_rows = self.item_embedding.sample_slots(tf.size(items) * self.num_neg)
         valid = (train_keys != tf.repeat(items, self.num_neg)) & (train_rows >= 0)
         return {
@@ -200,6 +219,9 @@ class OnlineNeuMF(neumf_model.NeuMF):
             item_capacity=self.item_embedding.capacity,
             permit_filter_value=self.user_embedding.permit_filter_value,
             evict_filter_value=self.user_embedding.evict_filter_value,
+            user_eviction=self._eviction(self.user_embedding),
+            item_eviction=self._eviction(self.item_embedding),
+            admit_probability=self.user_embedding.admit_probability,
             max_norm=self.user_embedding.max_norm,
             num_neg=self.num_neg,
             prequential_events=self.prequential_events,
@@ -208,11 +230,15 @@ class OnlineNeuMF(neumf_model.NeuMF):
         )
         return config
 
+    def _eviction(self, table: HashEmbedding) -> str | None:
+        return None if table.evict_filter_value is not None else str(table.policy)
+
 
 def _probe_batch(values) -> dict:
     return {
         constants.USER_COLUMN: tf.constant(values, tf.int64),
         constants.ITEM_COLUMN: tf.constant(values, tf.int64),
+        constants.TIME_COLUMN: tf.constant(values, tf.int64),
     }
 
 
@@ -231,6 +257,9 @@ def build_online_model(params: OnlineParams) -> OnlineNeuMF:
         params.prequential_events,
         params.prequential_negatives,
         params.top_k,
+        params.user_eviction,
+        params.item_eviction,
+        params.admit_probability,
     )
     model(model.resolve(_probe_batch([0]), training=False))
     return model
@@ -266,14 +295,13 @@ def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
         def __init__(self) -> None:
             super().__init__()
             # The layers, not the Keras model: saving a model adds Keras' own default
-            # signature, traced with float inputs.
-            self.layers = [
-                network.user_embedding,
-                network.item_embedding,
-                network.gmf,
-                *network.mlp,
-                network.logit,
+            # signature, traced with float inputs. Of the tables, only what lookups read
+            # (not their moments or eviction state).
+            self.tables = [
+                network.user_embedding.serving_state(),
+                network.item_embedding.serving_state(),
             ]
+            self.layers = [network.gmf, *network.mlp, network.logit]
 
         @tf.function(
             input_signature=[

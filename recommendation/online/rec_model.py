@@ -400,9 +400,17 @@ class RecModel:
         )
 
     def before_save(self) -> None:
-        """Copies the position of the last trained batch into the checkpoint."""
+        """Copies the position of the last trained batch into the checkpoint, and
+        trims the tables' rows to the live ones."""
         self.checkpoint  # noqa: B018 (creates the position variable)
+        self.trim_tables()
         self._position_variable.assign(json.dumps(self.position))
+
+    def trim_tables(self) -> None:
+        """Drops the rows the tables allocated beyond their live ones (before a
+        checkpoint or an export)."""
+        for table in self._row_tables():
+            table.trim()
 
     def after_restore(self) -> None:
         """Reads the restored position and hands it to the dataset."""
@@ -424,9 +432,14 @@ class RecModel:
                 "checkpointing or training with an optimizer"
             )
         self.optimizer.build(self.network.trainable_variables)
-        for layer in self.network._flatten_layers(include_self=True, recursive=True):
-            if hasattr(layer, "attach_optimizer"):  # HashEmbedding: reset slots on reuse
-                layer.attach_optimizer(self.optimizer)
+        for table in self._row_tables():
+            table.attach_optimizer(self.optimizer)
+
+    def _row_tables(self) -> list:
+        """The layers that train their own rows (`HashEmbedding`: rows that grow and
+        shrink are not Keras variables, so they sit outside the optimiser's list)."""
+        layers = self.network._flatten_layers(include_self=True, recursive=True)
+        return [layer for layer in layers if hasattr(layer, "train_rows")]
 
     # -- one step ------------------------------------------------------------
 
@@ -474,10 +487,14 @@ class RecModel:
             self.step.assign_add(1)
             return {k: tf.cast(v, tf.float32) for k, v in logs.items() if not tf.nest.is_nested(v)}
         variables = self.network.trainable_variables
+        tables = self._row_tables()
         with tf.GradientTape() as tape:
             loss, logs = self._loss_and_logs(data, compiled)
             scaled = self.optimizer.scale_loss(loss)
-        self.optimizer.apply(tape.gradient(scaled, variables), variables)
+        gradients = tape.gradient(scaled, variables + [table.embeddings for table in tables])
+        for table, gradient in zip(tables, gradients[len(variables) :], strict=True):
+            table.train_rows(gradient)
+        self.optimizer.apply(gradients[: len(variables)], variables)
         self.step.assign_add(1)
         return {"loss": loss, **logs}
 
