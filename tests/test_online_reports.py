@@ -5,7 +5,6 @@ without losing any training."""
 from __future__ import annotations
 
 import dataclasses
-
 import glob
 import logging
 import os
