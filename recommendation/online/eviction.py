@@ -18,9 +18,12 @@ A row seen at step t gets a priority of at least ``floor(t)`` (t, or t ln 2 / H)
 priorities only grow when a row is seen. So the rows of priority below ``floor(t0)``,
 sorted once at step t0, stay the lowest rows in that order until they are used up
 (each checked on use: still held, priority unchanged). `HashEmbedding` keeps that
-sorted list (`CandidatePool`): an eviction costs O(1) amortised, not a scan of the
-table, and since the list is a cache of what the priorities already say, it is not
-checkpointed.
+sorted list (`CandidatePool`): an eviction costs O(log n) amortised (a sort of the
+n rows buys n/8 evictions), not a scan of the table, and since the list is a cache of
+what the priorities already say, it is not checkpointed. Under LRU and TTL every row
+the step has not used is below the floor. Under LFU, when fewer rows are (the table
+holds only ids seen more than once a half-life), the step sorts all its unused rows
+and keeps that list for itself only: such a table pays a scan per evicting step.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import keras
 import tensorflow as tf
 
 from recommendation import neumf_model
+from recommendation.online import id_index
 from recommendation.online.eviction import (
     CandidatePool,
     EvictionPolicy,
@@ -40,57 +41,18 @@ from recommendation.online.eviction import (
     seen_priority,
 )
 
-# Reserved keys of the int64 DenseHashTable; ids must not take these two values.
-_EMPTY_KEY = -(2**63)
-_DELETED_KEY = -(2**63) + 1
 _FIRST_ALLOCATION = 64  # rows allocated by the first admission
-_INITIAL_BUCKETS = 1024
-
-
-def _bucket_count(entries: tf.Tensor) -> tf.Tensor:
-    """A power of two with room for `entries` at a load of 40% at most."""
-    wanted = tf.maximum(tf.cast(entries, tf.float64) * 2.5, _INITIAL_BUCKETS)
-    exponent = tf.math.ceil(tf.math.log(wanted) / tf.math.log(tf.constant(2.0, tf.float64)))
-    return tf.cast(tf.pow(tf.constant(2.0, tf.float64), exponent), tf.int64)
-
-
-def _reset(table: tf.lookup.experimental.DenseHashTable, buckets: tf.Tensor, width: int):
-    """Empties `table` into `buckets` new buckets, tombstones (removed keys) included:
-    an import copies the buckets given as they are, all empty here."""
-
-    def shaped(value, shape):
-        # The kernel takes (buckets, 1) keys and (buckets, width) values; the op's
-        # shape function wants rank-1 keys: a shape of unknown length passes both.
-        dims = tf.stack(shape)
-        return tf.reshape(value, tf.boolean_mask(dims, tf.ones_like(dims, tf.bool)))
-
-    empty = tf.fill([buckets], tf.constant(_EMPTY_KEY, tf.int64))
-    tf.raw_ops.LookupTableImportV2(
-        table_handle=table.resource_handle,
-        keys=shaped(empty, [buckets, 1]),
-        values=shaped(tf.zeros([buckets * width], tf.int64), [buckets, width]),
-    )
-
-
-def _make_table(key_dtype: tf.DType, default_value) -> tf.lookup.experimental.MutableHashTable:
-    """An int64-keyed DenseHashTable (open addressing, faster) or, for strings, a
-    MutableHashTable."""
-    if key_dtype == tf.int64:
-        return tf.lookup.experimental.DenseHashTable(
-            tf.int64,
-            tf.int64,
-            default_value=default_value,
-            empty_key=_EMPTY_KEY,
-            deleted_key=_DELETED_KEY,
-            initial_num_buckets=_INITIAL_BUCKETS,  # grows as needed; small checkpoints
-        )
-    return tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value)
 
 
 def _growing(initial: tf.Tensor, name: str, trainable: bool = False) -> tf.Variable:
     """A variable whose first dimension may change (rows are added and trimmed)."""
     shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
     return tf.Variable(initial, shape=shape, trainable=trainable, name=name)
+
+
+# These methods build their control flow with tf.cond and tf.while_loop themselves:
+# AutoGraph's conversion of them would only cost time (seconds at each trace).
+_graph_code = tf.autograph.experimental.do_not_convert
 
 
 @tf.custom_gradient
@@ -194,9 +156,9 @@ class HashEmbedding(keras.layers.Layer):
             self.seed_checkpoint = tf.Module(name="seed")
             self.seed_checkpoint.state = self.seed_generator.state
         dtype = tf.as_dtype(key_dtype)
-        self._table = _make_table(dtype, -1)
+        self._table = id_index.make_table(dtype, -1)
         # Not-yet-admitted ids: [sightings, last step seen].
-        self._pending = _make_table(dtype, tf.constant([0, 0], tf.int64))
+        self._pending = id_index.make_table(dtype, tf.constant([0, 0], tf.int64))
         int64 = tf.int64
         self.step = tf.Variable(0, dtype=int64, trainable=False, name="step")
         self.size = tf.Variable(0, dtype=int64, trainable=False, name="size")
@@ -214,14 +176,11 @@ class HashEmbedding(keras.layers.Layer):
         self.num_admitted = tf.Variable(0, dtype=int64, trainable=False, name="num_admitted")
         self.num_evicted = tf.Variable(0, dtype=int64, trainable=False, name="num_evicted")
         self.num_rejected = tf.Variable(0, dtype=int64, trainable=False, name="num_rejected")
-        # A DenseHashTable marks a removed key's bucket (a tombstone) and only re-buckets
-        # as its live keys grow: under churn the tombstones fill every free bucket and a
-        # lookup of an absent id fails ("Internal error in MutableDenseHashTable
-        # lookup"). So each index (rows, pending sightings) is rebuilt once the removals
-        # since its last rebuild reach an eighth of its buckets then: O(1) a removal.
+        # Removals from each index (rows, pending sightings) since its last rebuild
+        # (`id_index`), and its buckets then.
         self.removals = tf.Variable([0, 0], dtype=int64, trainable=False, name="removals")
         self.buckets = tf.Variable(
-            [_INITIAL_BUCKETS] * 2, dtype=int64, trainable=False, name="buckets"
+            [id_index.INITIAL_BUCKETS] * 2, dtype=int64, trainable=False, name="buckets"
         )
         # The optimiser's moments of the rows (`attach_optimizer`), grown with them.
         self.momentum: tf.Variable | None = None
@@ -229,9 +188,6 @@ class HashEmbedding(keras.layers.Layer):
         object.__setattr__(self, "_update", None)
         # A cache of the eviction order, rebuilt when needed: not checkpointed.
         object.__setattr__(self, "_pool", CandidatePool(self, dtype))
-
-    def build(self, input_shape=None) -> None:
-        super().build(input_shape)
 
     # -- what the pool and the trainer read ------------------------------------
 
@@ -287,6 +243,7 @@ class HashEmbedding(keras.layers.Layer):
         object.__setattr__(self, "_update", (optimizer, inner))
         return len(self.moments)
 
+    @_graph_code
     def train_rows(self, gradient: tf.IndexedSlices) -> None:
         """Applies the gradient of the rows (`embeddings`) with the attached optimiser;
         call before the optimiser's own ``apply`` of the step (Adam's step count)."""
@@ -335,6 +292,7 @@ class HashEmbedding(keras.layers.Layer):
             variables.append(self.last_time)
         return variables
 
+    @_graph_code
     def trim(self) -> None:
         """Drops the rows allocated beyond the live ones (before a checkpoint or an
         export, so that they hold the live rows only)."""
@@ -352,6 +310,7 @@ class HashEmbedding(keras.layers.Layer):
 
     # -- lookups -----------------------------------------------------------------
 
+    @_graph_code
     def call(self, ids, training=None, by_slot=False, times=None):
         if by_slot:
             slots = tf.reshape(tf.cast(ids, tf.int64), [-1])
@@ -361,6 +320,7 @@ class HashEmbedding(keras.layers.Layer):
         shape = tf.concat([tf.shape(ids), [self.embedding_size]], 0)
         return tf.reshape(rows, shape)
 
+    @_graph_code
     def slots(self, ids, training: bool = False, times=None) -> tf.Tensor:
         """Row numbers `(n,)` of `ids` (flattened), -1 for ids without a row.
 
@@ -391,6 +351,7 @@ class HashEmbedding(keras.layers.Layer):
             rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
         return tf.cast(rows, self.compute_dtype)
 
+    @_graph_code
     def sample_slots(self, num: tf.Tensor | int) -> tuple[tf.Tensor, tf.Tensor]:
         """`num` rows drawn uniformly from the occupied ones: `(keys, slots)`; slots are
         -1 while the table is empty."""
@@ -411,6 +372,7 @@ class HashEmbedding(keras.layers.Layer):
             "refused": int(self.num_rejected.numpy()),
         }
 
+    @_graph_code
     def contents(self) -> tuple[tf.Tensor, tf.Tensor]:
         """`(keys, slots)` of every admitted id, by slot."""
         slots = tf.range(1, self.size + 1)
@@ -445,31 +407,25 @@ class HashEmbedding(keras.layers.Layer):
         return tf.gather(self.lookup_slots(unique), positions)
 
     def _rebuild_indexes_if_worn(self) -> None:
-        worn = self.removals * 8 >= self.buckets
+        worn = id_index.worn(self.removals, self.buckets)
         tf.cond(worn[0], self._rebuild_index, lambda: tf.constant(False))
         if self.permit_filter_value > 1:
             tf.cond(worn[1], self._rebuild_pending, lambda: tf.constant(False))
 
     def _rebuild_index(self) -> tf.Tensor:
         live = tf.range(1, self.size + 1)
-        buckets = _bucket_count(self.size)
-        _reset(self._table, buckets, 1)
-        self._table.insert(tf.gather(self.slot_keys, live), live)
-        self.buckets.scatter_update(tf.IndexedSlices(buckets[None], [0]))
-        self.removals.scatter_update(tf.IndexedSlices(tf.zeros([1], tf.int64), [0]))
+        keys = tf.gather(self.slot_keys, live)
+        self._rebuilt(0, id_index.rebuild(self._table, keys, live[:, None], 1))
         return tf.constant(True)
 
     def _rebuild_pending(self) -> tf.Tensor:
-        keys, values = self._pending.export()
-        keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, 2])
-        live = (keys != _EMPTY_KEY) & (keys != _DELETED_KEY)
-        keys, values = tf.boolean_mask(keys, live), tf.boolean_mask(values, live)
-        buckets = _bucket_count(tf.size(keys))
-        _reset(self._pending, buckets, 2)
-        self._pending.insert(keys, values)
-        self.buckets.scatter_update(tf.IndexedSlices(buckets[None], [1]))
-        self.removals.scatter_update(tf.IndexedSlices(tf.zeros([1], tf.int64), [1]))
+        keys, values = id_index.live_entries(self._pending, 2)
+        self._rebuilt(1, id_index.rebuild(self._pending, keys, values, 2))
         return tf.constant(True)
+
+    def _rebuilt(self, index: int, buckets: tf.Tensor) -> None:
+        self.buckets.scatter_update(tf.IndexedSlices(buckets[None], [index]))
+        self.removals.scatter_update(tf.IndexedSlices(tf.zeros([1], tf.int64), [index]))
 
     def _refresh(self, slots, sightings, step) -> None:
         old = tf.gather(self.priority, slots)
@@ -573,13 +529,8 @@ class HashEmbedding(keras.layers.Layer):
         self.size.assign(size)
 
     def _forget_pending(self, step: tf.Tensor, horizon: int) -> tf.Tensor:
-        keys, values = self._pending.export()
-        keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, 2])
-        if self.key_dtype == "int64":
-            live = (keys != _EMPTY_KEY) & (keys != _DELETED_KEY)
-        else:
-            live = tf.ones_like(keys, tf.bool)
-        stale = live & (step - values[:, 1] > horizon)
+        keys, values = id_index.live_entries(self._pending, 2)
+        stale = step - values[:, 1] > horizon
         self._pending.remove(tf.boolean_mask(keys, stale))
         self.removals.assign_add(tf.stack([0, tf.reduce_sum(tf.cast(stale, tf.int64))]))
         return tf.reduce_sum(tf.cast(stale, tf.int64))
