@@ -18,9 +18,7 @@ machine is shared):
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +31,8 @@ import tensorflow as tf
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import replay_events  # noqa: E402  (a sibling script)
+import online_runs  # noqa: E402  (sibling scripts)
+import replay_events  # noqa: E402
 
 from recommendation import neumf_model  # noqa: E402
 from recommendation.online.hash_embedding import HashEmbedding  # noqa: E402
@@ -81,59 +80,6 @@ def lookup_ms(capacity: int) -> float:
     return 1000 * float(np.median(times[5:]))
 
 
-def folder_bytes(folder: str) -> int:
-    return sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(folder)
-        for name in names
-    )
-
-
-def stream_run(events_dir: str, capacity: int, work: str, tree: str | None = None) -> dict:
-    """One ncf-online process (of this checkout or `tree`) over `events_dir`; its
-    summary plus peak RSS and bytes."""
-    model_dir, export_dir = os.path.join(work, "model"), os.path.join(work, "export")
-    summary_file = os.path.join(work, "summary.json")
-    command = [
-        sys.executable,
-        "-m",
-        "recommendation.online_main",
-        f"--events_dir={events_dir}",
-        f"--model_dir={model_dir}",
-        f"--export_dir={export_dir}",
-        f"--user_capacity={capacity}",
-        f"--item_capacity={capacity}",
-        "--idle_timeout_secs=5",
-        "--seed=1",
-        f"--summary_file={summary_file}",
-    ]
-    with tempfile.TemporaryFile() as stderr_file:
-        env = dict(os.environ, PYTHONPATH=tree) if tree else None
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=stderr_file, cwd=tree, env=env
-        )
-        # VmHWM, polled: a child's rusage counts its parent's memory at the fork.
-        peak = 0
-        while process.poll() is None:
-            peak = max(peak, machine.peak_rss_bytes(process.pid) or 0)
-            time.sleep(0.05)
-        stderr_file.seek(0)
-        stderr = stderr_file.read().decode(errors="replace")
-    if process.returncode != 0:
-        raise SystemExit(f"error: ncf-online failed at capacity {capacity}:\n{stderr[-3000:]}")
-    with open(summary_file) as file:
-        summary = json.load(file)
-    return {
-        "events_per_second": summary["events"] / summary["seconds"],
-        "peak_rss": peak,
-        "model_dir_bytes": folder_bytes(model_dir),
-        "export_bytes": folder_bytes(export_dir),
-        "checkpoint_seconds": summary.get("checkpoint_seconds"),
-        "export_seconds": summary.get("export_seconds"),
-        "ids": summary["tables"]["user"]["ids"] + summary["tables"]["item"]["ids"],
-    }
-
-
 def main(argv: list[str]) -> None:
     del argv
     capacities = [int(value) for value in FLAGS.capacities]
@@ -176,7 +122,9 @@ def main(argv: list[str]) -> None:
             best: dict[str, dict] = {}
             for _ in range(FLAGS.rounds):
                 for name, capacity, tree in rows:
-                    run = stream_run(events_dir, capacity, tempfile.mkdtemp(dir=work), tree)
+                    run = online_runs.stream_run(
+                        events_dir, capacity, tempfile.mkdtemp(dir=work), tree
+                    )
                     if (
                         name not in best
                         or run["events_per_second"] > best[name]["events_per_second"]
