@@ -42,6 +42,7 @@ def stream_run(
         f"--user_capacity={capacity}",
         f"--item_capacity={capacity}",
         "--idle_timeout_secs=5",
+        "--log_every_secs=1",
         "--seed=1",
         f"--summary_file={summary_file}",
         *more_flags,
@@ -62,11 +63,16 @@ def stream_run(
         raise SystemExit(f"error: ncf-online failed at capacity {capacity}:\n{stderr[-3000:]}")
     with open(summary_file) as file:
         summary = json.load(file)
+    # After the first metric report (one a second): without the graph tracing.
+    first = next(record for record in summary["history"] if record["events"])
+    steady = (summary["events"] - first["events"]) / (summary["seconds"] - first["seconds"])
     return {
         "events_per_second": summary["events"] / summary["seconds"],
+        "steady_events_per_second": steady,
         "peak_rss": peak,
         "model_dir_bytes": folder_bytes(model_dir),
-        "export_bytes": folder_bytes(export_dir),
+        # A version's bytes: how many versions are kept at the end varies with timing.
+        "export_bytes": folder_bytes(export_dir) / max(1, len(os.listdir(export_dir))),
         "checkpoint_seconds": summary.get("checkpoint_seconds"),
         "export_seconds": summary.get("export_seconds"),
         "ids": summary["tables"]["user"]["ids"] + summary["tables"]["item"]["ids"],
