@@ -428,7 +428,11 @@ class HashEmbedding(keras.layers.Layer):
         self.removals.scatter_update(tf.IndexedSlices(tf.zeros([1], tf.int64), [index]))
 
     def _refresh(self, slots, sightings, step) -> None:
-        old = tf.gather(self.priority, slots)
+        self._mark_seen(slots, tf.gather(self.priority, slots), sightings, step)
+
+    def _mark_seen(self, slots, old, sightings, step) -> None:
+        """Rows `slots` seen `sightings` times at `step` (`old`: their priorities
+        before, None for new rows): priority, last step and clock."""
         fresh = seen_priority(self.policy, old, sightings, step)
         self.priority.scatter_update(tf.IndexedSlices(fresh, slots))
         self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(slots), step), slots))
@@ -480,12 +484,7 @@ class HashEmbedding(keras.layers.Layer):
         keys, sightings = keys[:num], sightings[:num]
         self._table.insert(keys, slots)
         self.slot_keys.scatter_update(tf.IndexedSlices(keys, slots))
-        priority = seen_priority(self.policy, None, sightings, step)
-        self.priority.scatter_update(tf.IndexedSlices(priority, slots))
-        self.last_seen.scatter_update(tf.IndexedSlices(tf.fill([num], step), slots))
-        if self.policy.ttl_seconds:
-            clock = tf.fill([num], self.clock.read_value())
-            self.last_time.scatter_update(tf.IndexedSlices(clock, slots))
+        self._mark_seen(slots, None, sightings, step)
         fresh = self.initializer((num, self.embedding_size), self.embeddings.dtype)
         self.embeddings.scatter_update(tf.IndexedSlices(fresh, slots))
         for moment in self.moments:
