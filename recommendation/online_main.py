@@ -8,11 +8,12 @@ Events are (user, item, timestamp); users and items get hash-embedding rows as t
 appear. Every batch is first scored (prequential HR@k against sampled negatives) and
 then trained on with --num_neg negatives per event drawn from the items seen so far.
 Checkpoints (with the stream position) are written every --checkpoint_every_steps
-steps or --checkpoint_every_secs seconds, and only then are the events acknowledged
-to Redis; a SavedModel is exported (atomically, keeping --keep_exports versions)
-every --export_every_steps steps or --export_every_secs seconds. SIGINT/SIGTERM
-finishes the step, checkpoints, acknowledges and exits. Flags are read here only;
-`OnlineConfig` carries them inward.
+steps or --checkpoint_every_secs seconds, full every --full_checkpoint_every
+checkpoints and, between those, only what changed (a delta); only once one is on
+disk are the events it covers acknowledged to Redis; a SavedModel is exported
+(atomically, keeping --keep_exports versions) every --export_every_steps steps or
+--export_every_secs seconds. SIGINT/SIGTERM finishes the step, checkpoints,
+acknowledges and exits. Flags are read here only; `OnlineConfig` carries them inward.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class OnlineConfig:
         amp_level, boost_level: RecModel precision and speed-up levels.
         linger_seconds: Longest wait for a batch to fill before training a partial one.
         checkpoint_every_steps, checkpoint_every_secs: Checkpoint cadence.
+        full_checkpoint_every: Every how many checkpoints one is full (the others are
+            deltas, `delta_checkpoints`).
         export_every_steps, export_every_secs: Export cadence.
         log_every_secs: Metric log cadence.
         max_events, max_seconds, idle_timeout_secs: Stop conditions (None: none).
@@ -88,6 +91,7 @@ class OnlineConfig:
     linger_seconds: float = 0.2
     checkpoint_every_steps: int | None = None
     checkpoint_every_secs: float | None = 30.0
+    full_checkpoint_every: int = 10
     export_every_steps: int | None = None
     export_every_secs: float | None = 2.0
     log_every_secs: float = 10.0
@@ -121,7 +125,10 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
     measures the training and not the durable save and export made when it stops),
     the tables watched, checkpoint, export and stop conditions."""
     checkpoint = callbacks.CheckpointCallback(
-        config.model_dir, config.checkpoint_every_steps, config.checkpoint_every_secs
+        config.model_dir,
+        config.checkpoint_every_steps,
+        config.checkpoint_every_secs,
+        full_every=config.full_checkpoint_every,
     )
     tables = callbacks.TableWatch()
     chosen: list[Callback] = []
@@ -202,17 +209,26 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
 
 
 def _outputs(chosen: list[Callback]) -> dict:
-    """The summary's tables (`TableWatch.counts`), the mean seconds of a checkpoint and
-    of an export (None: none made), and the side writes that failed."""
+    """The summary's tables (`TableWatch.counts`), the count and mean seconds and
+    bytes of the full checkpoints, of the deltas and of the exports (None: none
+    made), and the side writes that failed."""
     found = {type(callback): callback for callback in chosen}
     export = found.get(callbacks.ExportCallback)
+    checkpoint = found[callbacks.CheckpointCallback]
 
     def mean(values: list[float]) -> float | None:
         return float(np.mean(values)) if values else None
 
     return {
         "tables": found[callbacks.TableWatch].counts(),
-        "checkpoint_seconds": mean(found[callbacks.CheckpointCallback].seconds),
+        "checkpoints": {
+            kind: {
+                "count": len(checkpoint.seconds[kind]),
+                "seconds": mean(checkpoint.seconds[kind]),
+                "bytes": mean(checkpoint.bytes[kind]),
+            }
+            for kind in ("full", "delta")
+        },
         "export_seconds": mean(export.seconds) if export else None,
         "failed_exports": export.failures.count if export else 0,
         "failed_tensorboard_writes": found[callbacks.MetricLogger].summaries.failures.count,
@@ -350,6 +366,11 @@ ONLINE_FLAGS = (
     FlagSpec("linger_seconds", "Longest wait for a batch to fill.", checks=(NON_NEGATIVE,)),
     FlagSpec("checkpoint_every_steps", "Checkpoint cadence.", checks=(POSITIVE_OR_UNSET,)),
     FlagSpec("checkpoint_every_secs", "Checkpoint cadence.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec(
+        "full_checkpoint_every",
+        "Every how many checkpoints one is full; the others hold only what changed (1: all full).",
+        checks=(POSITIVE,),
+    ),
     FlagSpec("export_every_steps", "Export cadence.", checks=(POSITIVE_OR_UNSET,)),
     FlagSpec("export_every_secs", "Export cadence.", checks=(POSITIVE_OR_UNSET,)),
     FlagSpec("log_every_secs", "Metric log cadence.", checks=(POSITIVE,)),

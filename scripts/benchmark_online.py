@@ -12,7 +12,13 @@ other ratings into a stream in timestamp order, and measures
   in the same runs, and the first of them at O1 (or its first level) is the baseline;
 - freshness: ratings replayed at --live_rate events/s while ``online_main`` runs with
   its default export cadence; for each export, the time from the publication of the
-  oldest rating it newly contains to the export's appearance;
+  oldest rating it newly contains to the export's appearance. With --live_ids N the
+  trainer first trains a warm-up of N events of N new users (ids from 10,000,000,
+  none of ML-1M's; each with an item drawn from the training ratings, by --seed), so
+  that its user table holds N + 6,040 live ids while the timed replay runs;
+  --capacity sets both tables' capacity (default: the trainer's), which must hold
+  them. The line also gives the live ids at the end and the mean export and
+  checkpoint seconds;
 - accuracy: the prequential HR@10 curve of the full pass, then HR@10 of the final
   export against the 999 negatives, beside offline NeuMF trained for
   --offline_epochs epoch(s) with the same network on the same split (ratio).
@@ -20,11 +26,16 @@ other ratings into a stream in timestamp order, and measures
 Each trainer is a separate process reading the same stream through its own consumer
 group. The load average is printed beside the numbers: the machine is shared.
 --parts chooses what is measured (a quick comparison of two commits:
-``--parts throughput --boost_levels O1 --trees old=/tmp/old-checkout``).
+``--parts throughput --boost_levels O1 --trees old=/tmp/old-checkout``). Freshness
+with a million live users at a capacity of 2^26:
+
+    python scripts/benchmark_online.py --ratings ../shared/data/ml-1m/ratings.dat \
+        --parts freshness --live_ids 1000000 --capacity 67108864
 """
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import json
 import os
@@ -69,6 +80,12 @@ flags.DEFINE_integer("throughput_events", 300_000, "Events per throughput run.")
 flags.DEFINE_integer("repeats", 2, "Throughput runs per boost level (interleaved).")
 flags.DEFINE_float("live_rate", 10_000, "Replay rate of the freshness run, events/s.")
 flags.DEFINE_float("live_seconds", 30, "Length of the freshness run's replay.")
+flags.DEFINE_integer(
+    "live_ids", 0, "New users trained before the freshness replay (live ids it runs with)."
+)
+flags.DEFINE_integer(
+    "capacity", None, "Both tables' capacity in the freshness run (default: the trainer's)."
+)
 flags.DEFINE_integer("offline_epochs", 1, "Epochs of the offline baseline (0: skip it).")
 flags.DEFINE_integer("seed", 1, "Seed of the evaluation negatives and the models.")
 flags.DEFINE_list(
@@ -84,10 +101,18 @@ flags.DEFINE_list(
     "offline (beside the full pass only).",
 )
 flags.mark_flag_as_required("ratings")
+flags.register_validator("live_ids", lambda value: value >= 0, "--live_ids must not be negative")
+flags.register_validator(
+    "capacity", lambda value: value is None or value > 0, "--capacity must be positive"
+)
 
 TARGET_EVENTS_PER_SECOND = 20_000
 TARGET_FRESHNESS_SECONDS = 5.0
 THIS_TREE = "this"
+ML_1M_USERS = 6_040
+NEW_USER_BASE = 10_000_000  # above every ML-1M user id (1 to 6,040)
+WARM_UP_STALL_SECONDS = 300  # start-up and tracing included
+PROGRESS_SECONDS = 10
 
 
 def _load() -> str:
@@ -294,29 +319,143 @@ class _ExportWatcher(threading.Thread):
             time.sleep(0.02)
 
 
+def _check_capacity() -> None:
+    """Exits unless the freshness run's user table holds --live_ids and ML-1M's users
+    (a full table would refuse or evict them, and the run would not hold them live)."""
+    if not FLAGS.live_ids and FLAGS.capacity is None:
+        return
+    capacity = FLAGS.capacity or OnlineConfig().model.user_capacity
+    needed = FLAGS.live_ids + ML_1M_USERS
+    if capacity < needed:
+        given = "--capacity" if FLAGS.capacity is not None else "the trainer's default capacity"
+        sys.exit(
+            f"error: --live_ids {FLAGS.live_ids:,} and ML-1M's {ML_1M_USERS:,} users need "
+            f"{needed:,} user rows, {given} is {capacity:,}: raise --capacity to {needed:,} "
+            "or more"
+        )
+
+
+def _new_user_events(events: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """`count` (user, item, timestamp) rows of `count` new users (ids from
+    NEW_USER_BASE), each with an item drawn from `events` (as often as it is rated
+    there), a second apart and ending a second before the first of `events`."""
+    items = np.random.default_rng(seed).choice(events[:, 1], size=count)
+    users = NEW_USER_BASE + np.arange(count, dtype=np.int64)
+    timestamps = events[0, 2] - count + np.arange(count, dtype=np.int64)
+    return np.stack([users, items, timestamps], axis=1)
+
+
+def _entry_key(entry_id: str | bytes) -> tuple[int, int]:
+    """A Redis stream entry id as (milliseconds, sequence), which orders like the ids."""
+    milliseconds, _, sequence = (
+        entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ).partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
+def _publish_marked(
+    client: redis.Redis, publisher: replay_events.RedisPublisher, rows: np.ndarray
+) -> list[tuple[tuple[int, int], int]]:
+    """Publishes `rows` unpaced; returns (last entry id, rows published) after each
+    chunk, which tells how many of them an export's position covers."""
+    marks = []
+
+    def mark(published: int) -> None:
+        last_id = client.xrevrange(publisher.stream, count=1)[0][0]
+        marks.append((_entry_key(last_id), published))
+
+    replay_events.replay(publisher, rows, rate=0, chunk=2000, on_chunk=mark)
+    return marks
+
+
+def _wait_for_warm_up(
+    process: subprocess.Popen,
+    watcher: _ExportWatcher,
+    marks: list[tuple[tuple[int, int], int]],
+    whole: bool,
+    log_path: str,
+) -> float:
+    """Seconds until an export holds the whole warm-up (`whole`; else until the first
+    export). Exits with an error if the trainer stops first or its exports make no
+    progress for WARM_UP_STALL_SECONDS."""
+    keys = [key for key, _ in marks]
+    total = marks[-1][1]
+    start = last_change = last_report = time.monotonic()
+    last_position = None
+    while True:
+        position = watcher.seen[-1][1] if watcher.seen else None
+        index = bisect.bisect_right(keys, _entry_key(position)) if position else 0
+        done = marks[index - 1][1] if index else 0
+        if watcher.seen and (not whole or done == total):
+            return time.monotonic() - start
+        now = time.monotonic()
+        if process.poll() is not None:
+            sys.exit(
+                f"error: the freshness trainer exited (code {process.returncode}) after "
+                f"{now - start:.0f} s, with {done:,} of the {total:,} warm-up events in an "
+                f"export: see its log {log_path}"
+            )
+        if position != last_position:  # it trained more
+            last_position, last_change = position, now
+        elif now - last_change > WARM_UP_STALL_SECONDS:
+            process.kill()
+            process.wait()
+            sys.exit(
+                f"error: the freshness trainer's exports made no progress for "
+                f"{WARM_UP_STALL_SECONDS} s ({done:,} of the {total:,} warm-up events in "
+                f"one after {now - start:.0f} s); stopped it: see its log {log_path}"
+            )
+        if now - last_report >= PROGRESS_SECONDS:
+            last_report = now
+            logging.info(
+                "warm-up: %s of %s events in an export after %.0f s (%s exports)",
+                f"{done:,}",
+                f"{total:,}",
+                now - start,
+                len(watcher.seen),
+            )
+        time.sleep(0.1)
+
+
 def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
-    """Replays at --live_rate and measures publication-to-export times."""
+    """Replays at --live_rate and measures publication-to-export times, after a
+    warm-up of --live_ids new users (none: ML-1M's first events only)."""
     client = redis.Redis.from_url(redis_url)
     publisher = replay_events.RedisPublisher(client, "live")
     warm_up = 5000
-    publisher.publish(events[:warm_up])
+    rows = np.concatenate([_new_user_events(events, FLAGS.live_ids, FLAGS.seed), events[:warm_up]])
+    start = time.perf_counter()
+    marks = _publish_marked(client, publisher, rows)
+    logging.info(
+        "warm-up: published %s events in %.1f s", f"{len(rows):,}", time.perf_counter() - start
+    )
     export_dir = os.path.join(work_dir, "live", "export")
     watcher = _ExportWatcher(export_dir)
     watcher.start()
-    process = _trainer(redis_url, "live", "live", work_dir, f"--export_dir={export_dir}")
-    while not watcher.seen:  # started, traced, first export written
-        time.sleep(0.1)
-    load = _load()
-    count = int(FLAGS.live_rate * FLAGS.live_seconds)
-    live_start_ms = time.time() * 1000
-    seconds = replay_events.replay(
-        publisher, events[warm_up : warm_up + count], FLAGS.live_rate, chunk=500
+    capacity = (
+        [f"--user_capacity={FLAGS.capacity}", f"--item_capacity={FLAGS.capacity}"]
+        if FLAGS.capacity is not None
+        else []
     )
-    time.sleep(6)  # let the last events reach an export
-    process.send_signal(signal.SIGTERM)  # finishes the step, checkpoints, exits
-    process.wait()
-    watcher.stop.set()
-    watcher.join()
+    process = _trainer(redis_url, "live", "live", work_dir, f"--export_dir={export_dir}", *capacity)
+    try:
+        # started, traced, the warm-up trained (or, without live ids, a first export)
+        warm_up_seconds = _wait_for_warm_up(
+            process, watcher, marks, FLAGS.live_ids > 0, os.path.join(work_dir, "live.log")
+        )
+        load = _load()
+        count = int(FLAGS.live_rate * FLAGS.live_seconds)
+        live_start_ms = time.time() * 1000
+        seconds = replay_events.replay(
+            publisher, events[warm_up : warm_up + count], FLAGS.live_rate, chunk=500
+        )
+        time.sleep(6)  # let the last events reach an export
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # finishes the step, checkpoints, exits
+        process.wait()
+        watcher.stop.set()
+        watcher.join()
     delays = []
     for (_, previous), (seen_at, position) in zip(watcher.seen, watcher.seen[1:], strict=False):
         if not previous or position == previous:
@@ -325,11 +464,16 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
         published_ms = int(first_new[0][0].split(b"-")[0])
         if published_ms >= live_start_ms:
             delays.append(seen_at - published_ms / 1000)
+    summary = _summary(work_dir, "live")
     return {
         "delays": np.array(delays),
         "rate": count / seconds,
         "load": load,
-        "stopped_by": _summary(work_dir, "live")["stopped_by"],
+        "stopped_by": summary["stopped_by"],
+        "tables": summary["tables"],
+        "export_seconds": summary["export_seconds"],
+        "checkpoint": _checkpoint_seconds(summary),
+        "warm_up": (FLAGS.live_ids, warm_up_seconds),
     }
 
 
@@ -392,11 +536,35 @@ def _print_throughput(throughput: dict, full) -> None:
     print(f"target >= {TARGET_EVENTS_PER_SECOND:,} events/s (4 negatives each): {verdict}\n")
 
 
+def _seconds(value: float | None) -> str:
+    """Mean seconds of a write, or "-" where the run made none."""
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _checkpoint_seconds(summary: dict) -> str:
+    """Mean seconds of a full checkpoint and of a delta, with their counts."""
+    return ", ".join(
+        f"{kind} {_seconds(made['seconds'])} ({made['count']})"
+        for kind, made in summary["checkpoints"].items()
+    )
+
+
 def _print_freshness(fresh: dict) -> None:
-    delays = fresh["delays"]
+    delays, tables = fresh["delays"], fresh["tables"]
     print(
         f"freshness: replay at {fresh['rate']:,.0f} events/s, exports every 2 s "
         f"(load average {fresh['load']}), stopped by {fresh['stopped_by']}"
+    )
+    new_users, warm_up_seconds = fresh["warm_up"]
+    warm_up = (
+        f"; {new_users:,} new users trained first ({warm_up_seconds:.0f} s)" if new_users else ""
+    )
+    print(
+        f"  {tables['user']['ids'] + tables['item']['ids']:,} live ids at the end "
+        f"(users {tables['user']['ids']:,} of {tables['user']['capacity']:,}, items "
+        f"{tables['item']['ids']:,} of {tables['item']['capacity']:,}); mean export "
+        f"{_seconds(fresh['export_seconds'])}, mean checkpoint "
+        f"{fresh['checkpoint']}{warm_up}"
     )
     if len(delays):
         worst = float(delays.max())
@@ -433,6 +601,7 @@ def main(argv: list[str]) -> None:
     if unknown:
         sys.exit(f"error: unknown --parts {sorted(unknown)}")
     _trees()  # checks --trees before anything runs
+    _check_capacity()
     work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="ncf-online-bench-")
     os.makedirs(work_dir, exist_ok=True)
     print(f"start: load average {_load()}")

@@ -73,7 +73,12 @@ def stream_run(
         "model_dir_bytes": folder_bytes(model_dir),
         # A version's bytes: how many versions are kept at the end varies with timing.
         "export_bytes": folder_bytes(export_dir) / max(1, len(os.listdir(export_dir))),
-        "checkpoint_seconds": summary.get("checkpoint_seconds"),
+        # Of a full checkpoint (a checkout before deltas: of any checkpoint).
+        "checkpoint_seconds": (
+            summary["checkpoints"]["full"]["seconds"]
+            if "checkpoints" in summary
+            else summary.get("checkpoint_seconds")
+        ),
         "export_seconds": summary.get("export_seconds"),
         "ids": summary["tables"]["user"]["ids"] + summary["tables"]["item"]["ids"],
         "summary": summary,

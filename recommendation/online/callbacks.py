@@ -16,7 +16,7 @@ from absl import logging
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc import model_dir, writer_lease
 from official.utils.misc.write_failures import WriteFailures
-from recommendation.online import versioned_export
+from recommendation.online import delta_checkpoints, versioned_export
 from recommendation.online.online_ncf import OnlineNeuMF
 from recommendation.online.rec_model import Callback, RecModel
 
@@ -70,14 +70,16 @@ class _Periodic(Callback):
 
 
 class CheckpointCallback(_Periodic):
-    """Restores the newest intact checkpoint at the start; saves every N steps or
-    seconds and at the end (unless another process has taken over the folder's lease);
-    after each save, commits the stream position it holds.
+    """Restores the newest intact checkpoint (and the deltas after it) at the start;
+    saves every N steps or seconds and at the end (unless another process has taken
+    over the folder's lease), full or, between full ones, a delta of what changed
+    (`delta_checkpoints`); after each save, commits the stream position it holds.
 
     Args:
         directory: Checkpoint folder.
         every_steps, every_seconds: Save cadence.
-        keep: Checkpoints kept.
+        keep: Full checkpoints kept.
+        full_every: Every how many checkpoints one is full (1: all).
     """
 
     def __init__(
@@ -86,12 +88,16 @@ class CheckpointCallback(_Periodic):
         every_steps: int | None = None,
         every_seconds: float | None = None,
         keep: int = 3,
+        full_every: int = 1,
     ) -> None:
         super().__init__(every_steps, every_seconds)
-        self.directory, self.keep = directory, keep
+        self.directory, self.keep, self.full_every = directory, keep, full_every
         self.manager: tf.train.CheckpointManager | None = None
+        self.deltas: delta_checkpoints.DeltaCheckpoints | None = None
         self.restored_from: str | None = None
-        self.seconds: list[float] = []  # of each checkpoint, durable
+        # Of each durable checkpoint, by kind ("full", "delta"): seconds and bytes.
+        self.seconds: dict[str, list[float]] = {"full": [], "delta": []}
+        self.bytes: dict[str, list[int]] = {"full": [], "delta": []}
 
     def on_train_begin(self, logs=None) -> None:
         rec_model = self.rec_model
@@ -105,6 +111,8 @@ class CheckpointCallback(_Periodic):
             fallback_means="the events trained after it are trained again where their "
             "source can deliver them again",
         )
+        self.deltas = delta_checkpoints.DeltaCheckpoints(rec_model, self.manager, self.full_every)
+        latest = self.deltas.restore(latest) or latest
         if latest is not None:
             rec_model.after_restore()
             self.restored_from = latest
@@ -120,9 +128,9 @@ class CheckpointCallback(_Periodic):
         # this one, nor this one acknowledge events to a model that is overwritten.
         writer_lease.check_held(self.directory)
         start = time.perf_counter()
-        rec_model.before_save()
-        path = model_dir.save_checkpoint(self.manager, step, durable=True)
-        self.seconds.append(time.perf_counter() - start)
+        path, kind, size = self.deltas.save(step)
+        self.seconds[kind].append(time.perf_counter() - start)
+        self.bytes[kind].append(size)
         rec_model.commit()
         self.schedule.mark(step)
         logging.info("checkpoint %s", path)

@@ -22,7 +22,8 @@ holds:
 - the rows train with the optimiser given to `attach_optimizer` (lazy Adam, or SGD),
   only the rows each step uses, and everything (index, rows, moments, priorities,
   counters) is tracked by ``tf.train.Checkpoint``: a restored table evicts exactly the
-  rows an uninterrupted one does.
+  rows an uninterrupted one does; `table_changes` says what changed since the last
+  checkpoint, for incremental ones.
 
 A "step" is one training call (``training=True``): call each layer once per step.
 """
@@ -40,6 +41,7 @@ from recommendation.online.eviction import (
     parse_policy,
     seen_priority,
 )
+from recommendation.online.table_changes import ChangeTracking
 
 _FIRST_ALLOCATION = 64  # rows allocated by the first admission
 
@@ -68,7 +70,7 @@ def _default_rows_untrained(rows: tf.Tensor, known: tf.Tensor):
 
 
 @keras.saving.register_keras_serializable(package="ncf")
-class HashEmbedding(keras.layers.Layer):
+class HashEmbedding(ChangeTracking, keras.layers.Layer):
     """Embedding rows for arbitrary int64 or string ids, with admission and eviction.
 
     Args:
@@ -159,6 +161,9 @@ class HashEmbedding(keras.layers.Layer):
         self._table = id_index.make_table(dtype, -1)
         # Not-yet-admitted ids: [sightings, last step seen].
         self._pending = id_index.make_table(dtype, tf.constant([0, 0], tf.int64))
+        # Ids whose pending sightings changed since the last checkpoint: not
+        # checkpointed (a restored table has changed nothing yet).
+        object.__setattr__(self, "_pending_changed", id_index.make_table(dtype, 0))
         int64 = tf.int64
         self.step = tf.Variable(0, dtype=int64, trainable=False, name="step")
         self.size = tf.Variable(0, dtype=int64, trainable=False, name="size")
@@ -170,6 +175,8 @@ class HashEmbedding(keras.layers.Layer):
         self.slot_keys = _growing(tf.zeros([1], dtype), "slot_keys")
         self.priority = _growing(tf.zeros([1], tf.float64), "priority")
         self.last_seen = _growing(tf.zeros([1], int64), "last_seen")
+        # Rows written since the last checkpoint (`table_changes`).
+        self.changed = _growing(tf.zeros([1], tf.bool), "changed")
         if policy.ttl_seconds:
             self.last_time = _growing(tf.zeros([1], int64), "last_time")
             self.clock = tf.Variable(-(2**62), dtype=int64, trainable=False, name="clock")
@@ -220,6 +227,7 @@ class HashEmbedding(keras.layers.Layer):
         self.priority.scatter_update(
             tf.IndexedSlices(tf.fill(tf.shape(slots), tf.constant(float("inf"), tf.float64)), slots)
         )
+        self._note_changed(slots)
 
     # -- training the rows -------------------------------------------------------
 
@@ -253,6 +261,7 @@ class HashEmbedding(keras.layers.Layer):
         values, indices = gradient.values, gradient.indices
         known = indices > 0  # the default row (0) is never trained
         values, indices = tf.boolean_mask(values, known), tf.boolean_mask(indices, known)
+        self._note_changed(indices)
         if optimizer is not inner:  # loss scaling: unscale, skip non-finite steps
             values = values / tf.cast(optimizer.dynamic_scale, values.dtype)
         rows = tf.stack([self.allocated + 1, self.embedding_size])
@@ -285,11 +294,16 @@ class HashEmbedding(keras.layers.Layer):
         """The rows' optimiser moments (Adam's two; none for SGD)."""
         return [] if self.momentum is None else [self.momentum, self.velocity]
 
-    def _row_variables(self) -> list[tf.Variable]:
-        variables = [self.embeddings, *self.moments, self.slot_keys, self.priority]
-        variables.append(self.last_seen)
+    def row_variables(self) -> dict[str, tf.Variable]:
+        """Every variable with a value per row, by name: the rows, their moments, ids
+        and eviction state, and the changed flags."""
+        variables = {"embeddings": self.embeddings}
+        if self.moments:
+            variables.update(momentum=self.momentum, velocity=self.velocity)
+        variables.update(slot_keys=self.slot_keys, priority=self.priority)
+        variables.update(last_seen=self.last_seen, changed=self.changed)
         if self.policy.ttl_seconds:
-            variables.append(self.last_time)
+            variables["last_time"] = self.last_time
         return variables
 
     @_graph_code
@@ -297,7 +311,7 @@ class HashEmbedding(keras.layers.Layer):
         """Drops the rows allocated beyond the live ones (before a checkpoint or an
         export, so that they hold the live rows only)."""
         end = self.size + 1
-        for variable in self._row_variables():
+        for variable in self.row_variables().values():
             variable.assign(variable[:end])
         self.allocated.assign(self.size)
 
@@ -435,6 +449,7 @@ class HashEmbedding(keras.layers.Layer):
         before, None for new rows): priority, last step and clock."""
         fresh = seen_priority(self.policy, old, sightings, step)
         self.priority.scatter_update(tf.IndexedSlices(fresh, slots))
+        self._note_changed(slots)
         self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(slots), step), slots))
         if self.policy.ttl_seconds:
             clock = tf.fill(tf.shape(slots), self.clock.read_value())
@@ -460,6 +475,7 @@ class HashEmbedding(keras.layers.Layer):
         seen = tf.stack([total, tf.fill(tf.shape(total), step)], axis=1)
         self._pending.insert(tf.boolean_mask(keys, waiting), tf.boolean_mask(seen, waiting))
         self._pending.remove(tf.boolean_mask(keys, ready))
+        self._note_pending(keys)
         self.removals.assign_add(tf.stack([0, tf.reduce_sum(tf.cast(ready, tf.int64))]))
         return tf.tensor_scatter_nd_update(tf.zeros_like(missing), tf.where(missing), ready)
 
@@ -500,7 +516,7 @@ class HashEmbedding(keras.layers.Layer):
         def grow():
             target = tf.maximum(tf.maximum(2 * allocated, rows), _FIRST_ALLOCATION)
             extra = tf.minimum(target, self.capacity) - allocated
-            for variable in self._row_variables():
+            for variable in self.row_variables().values():
                 shape = tf.concat([[extra], tf.shape(variable, out_type=tf.int64)[1:]], 0)
                 variable.assign(tf.concat([variable, tf.zeros(shape, variable.dtype)], 0))
             self.allocated.assign_add(extra)
@@ -523,14 +539,16 @@ class HashEmbedding(keras.layers.Layer):
         movers = tf.boolean_mask(tail, ~emptied)
         targets = tf.sort(tf.boolean_mask(holes, ~in_tail))
         self._table.insert(tf.gather(self.slot_keys, movers), targets)
-        for variable in self._row_variables():
+        for variable in self.row_variables().values():
             variable.scatter_update(tf.IndexedSlices(tf.gather(variable, movers), targets))
+        self._note_changed(targets)
         self.size.assign(size)
 
     def _forget_pending(self, step: tf.Tensor, horizon: int) -> tf.Tensor:
         keys, values = id_index.live_entries(self._pending, 2)
         stale = step - values[:, 1] > horizon
         self._pending.remove(tf.boolean_mask(keys, stale))
+        self._note_pending(tf.boolean_mask(keys, stale))
         self.removals.assign_add(tf.stack([0, tf.reduce_sum(tf.cast(stale, tf.int64))]))
         return tf.reduce_sum(tf.cast(stale, tf.int64))
 

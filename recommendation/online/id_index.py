@@ -75,3 +75,16 @@ def rebuild(table, keys: tf.Tensor, values: tf.Tensor, width: int) -> tf.Tensor:
     )
     table.insert(keys, values if width > 1 else tf.reshape(values, [-1]))
     return buckets
+
+
+def replace(table, keys: tf.Tensor, values: tf.Tensor) -> None:
+    """Makes the MutableHashTable `table` hold exactly `keys` -> `values`."""
+    tf.raw_ops.LookupTableImportV2(table_handle=table.resource_handle, keys=keys, values=values)
+
+
+def clear(table) -> None:
+    """Empties `table` (of scalar int64 values)."""
+    if isinstance(table, tf.lookup.experimental.DenseHashTable):
+        rebuild(table, tf.zeros([0], tf.int64), tf.zeros([0, 1], tf.int64), 1)
+    else:
+        replace(table, tf.zeros([0], table.key_dtype), tf.zeros([0], tf.int64))

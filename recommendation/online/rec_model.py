@@ -399,17 +399,19 @@ class RecModel:
             position=self._position_variable,
         )
 
-    def before_save(self) -> None:
+    def before_save(self, trim: bool = True) -> None:
         """Copies the position of the last trained batch into the checkpoint, and
-        trims the tables' rows to the live ones."""
+        trims the tables' rows to the live ones (for a full checkpoint: a delta holds
+        the changed rows only, `delta_checkpoints`)."""
         self.checkpoint  # noqa: B018 (creates the position variable)
-        self.trim_tables()
+        if trim:
+            self.trim_tables()
         self._position_variable.assign(json.dumps(self.position))
 
     def trim_tables(self) -> None:
         """Drops the rows the tables allocated beyond their live ones (before a
         checkpoint or an export)."""
-        for table in self._row_tables():
+        for table in self.row_tables():
             table.trim()
 
     def after_restore(self) -> None:
@@ -432,10 +434,10 @@ class RecModel:
                 "checkpointing or training with an optimizer"
             )
         self.optimizer.build(self.network.trainable_variables)
-        for table in self._row_tables():
+        for table in self.row_tables():
             table.attach_optimizer(self.optimizer)
 
-    def _row_tables(self) -> list:
+    def row_tables(self) -> list:
         """The layers that train their own rows (`HashEmbedding`: rows that grow and
         shrink are not Keras variables, so they sit outside the optimiser's list)."""
         layers = self.network._flatten_layers(include_self=True, recursive=True)
@@ -487,7 +489,7 @@ class RecModel:
             self.step.assign_add(1)
             return {k: tf.cast(v, tf.float32) for k, v in logs.items() if not tf.nest.is_nested(v)}
         variables = self.network.trainable_variables
-        tables = self._row_tables()
+        tables = self.row_tables()
         with tf.GradientTape() as tape:
             loss, logs = self._loss_and_logs(data, compiled)
             scaled = self.optimizer.scale_loss(loss)

@@ -52,18 +52,20 @@ def is_local(path: str) -> bool:
     return "://" not in path
 
 
-def write_file(path: str, data: bytes | str) -> None:
-    """Writes `data` (str as UTF-8) to `path`, replacing it atomically.
+def write_file(path: str, data: bytes | str, durable: bool = False) -> None:
+    """Writes `data` (str as UTF-8) to `path`, replacing it atomically; `durable`: on
+    disk (a local file flushed before its rename, and the folder after it) on return.
 
     Raises:
         tf.errors.OpError, OSError: The write failed; `path` is as it was and no
             temporary file is left.
     """
-    write_files({path: data})
+    write_files({path: data}, durable)
 
 
-def write_files(contents: Mapping[str, bytes | str]) -> None:
-    """Writes several files that belong together (path -> data, str as UTF-8).
+def write_files(contents: Mapping[str, bytes | str], durable: bool = False) -> None:
+    """Writes several files that belong together (path -> data, str as UTF-8); with
+    `durable`, local ones are on disk when it returns (as `write_file`).
 
     Every file is written to its temporary name before any is renamed into place, so
     a failure while writing (a full disk) leaves all of them as they were; the renames
@@ -80,8 +82,12 @@ def write_files(contents: Mapping[str, bytes | str]) -> None:
             for path, data in contents.items():
                 with tf.io.gfile.GFile(temps[path], "wb") as out:
                     out.write(data.encode() if isinstance(data, str) else data)
+                if durable and is_local(path):
+                    flush(temps[path])
             for path, temp in temps.items():
                 tf.io.gfile.rename(temp, path, overwrite=True)
+                if durable and is_local(path):
+                    flush(os.path.dirname(path) or ".")
         finally:
             for temp in temps.values():
                 if tf.io.gfile.exists(temp):
@@ -195,6 +201,15 @@ def _replace_in_object_store(temp: str, path: str, markers: Sequence[str]) -> No
     tf.io.gfile.rename(temp, path, overwrite=True)
     for name, data in held.items():
         write_file(os.path.join(path, name), data)
+
+
+def flush(path: str) -> None:
+    """Flushes a local file or folder (its entries) to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _rmtree_if_there(path: str) -> None:

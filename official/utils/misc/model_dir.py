@@ -134,14 +134,14 @@ def newest_intact(directory: str) -> str | None:
 
 def _scan(directory: str) -> tuple[str | None, list[tuple[str, str]]]:
     """The newest intact checkpoint in `directory` (None: there is none) and the newer
-    ones that are damaged, each with what is wrong (`_damage`).
+    ones that are damaged, each with what is wrong (`checkpoint_damage`).
 
     Raises:
         ModelDirError: Every checkpoint there is damaged.
     """
     damaged = []
     for path in _candidates(directory):
-        problem = _damage(path)
+        problem = checkpoint_damage(path)
         if problem is None:
             return path, damaged
         damaged.append((path, problem))
@@ -172,7 +172,7 @@ def _candidates(directory: str) -> list[str]:
     return list(dict.fromkeys(listed + by_number))  # each once, in that order
 
 
-def _damage(prefix: str) -> str | None:
+def checkpoint_damage(prefix: str) -> str | None:
     """What makes checkpoint `prefix` unreadable (``"<file>: <what>"``), or None when
     every tensor in it reads back, its data checksums verified.
 
@@ -243,7 +243,7 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int, durable: boo
     try:
         path = manager.save(checkpoint_number=step)
         if durable:
-            _fsync_local(path)
+            flush_to_disk(path)
     except (tf.errors.OpError, OSError) as error:
         _remove_partial(manager.directory, step)
         kept = manager.latest_checkpoint
@@ -271,18 +271,16 @@ def _remove_partial(directory: str, step: int) -> None:
             logging.warning("could not remove %s: %s", path, error)
 
 
-def _fsync_local(prefix: str) -> None:
-    """Flushes a checkpoint's files and folder to disk (local paths), so that what is
-    committed after it never outlives the data it vouches for."""
+def flush_to_disk(prefix: str) -> None:
+    """Flushes the files of checkpoint `prefix`, the checkpoint state and the folder to
+    disk (local paths), so that what is committed after it never outlives the data it
+    vouches for."""
     if not atomic.is_local(prefix):
         return
     directory = os.path.dirname(prefix)
     for path in [*glob.glob(prefix + ".*"), os.path.join(directory, "checkpoint"), directory]:
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        if os.path.exists(path):
+            atomic.flush(path)
 
 
 @contextlib.contextmanager

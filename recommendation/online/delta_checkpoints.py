@@ -1,0 +1,244 @@
+"""Incremental checkpoints of an online model: between full checkpoints, what changed.
+
+A full checkpoint (``ckpt-<step>``, `model_dir.save_checkpoint`) holds the whole model,
+as large as its tables. A delta (``delta-<step>``) holds what changed since the
+checkpoint before it, full or delta:
+
+- every variable of the model's checkpoint that has no value per table row: the dense
+  weights and their optimiser state, the tables' sizes, counters and clocks, the step
+  and the stream position (kilobytes);
+- of each hash table, `table_changes.ChangeTracking.take_changes`: the rows changed,
+  with their ids and state, and the pending sightings changed or removed.
+
+The manifest (`MANIFEST`) names the full checkpoint and its deltas in order. A delta's
+files are flushed to disk before the manifest is replaced (atomically, flushed too), so
+a process killed while writing one leaves the manifest as it was: a restore applies
+the full checkpoint and the deltas listed, never a half-written one, and the stream
+position committed after a checkpoint is always one a restore returns to. A listed
+delta that no longer reads back (damaged on disk) ends the restore at the one before
+it, with a warning.
+
+A full checkpoint is written every `full_every` checkpoints, and as soon as the deltas
+since the last one add up to its size (so a restore reads at most about twice a full
+checkpoint); once its manifest is in place, the deltas before it are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from official.utils.misc import atomic, errors, model_dir
+from official.utils.misc.model_dir import ModelDirError
+
+MANIFEST = "deltas.json"
+_PREFIX = "delta-"
+_MANIFEST_KEYS = {"full", "full_bytes", "deltas", "delta_bytes"}
+
+
+def _folder_bytes(prefix: str) -> int:
+    return sum(tf.io.gfile.stat(path).length for path in tf.io.gfile.glob(prefix + ".*"))
+
+
+def tables_and_state(rec_model) -> tuple[dict[str, object], dict[str, tf.Variable]]:
+    """The row tables and the variables without a value per row, each by its path
+    in the model's checkpoint (stable across processes that build the same model)."""
+    root = rec_model.checkpoint
+    view = tf.train.TrackableView(root)
+    tables = {id(table): table for table in rec_model.row_tables()}
+    per_row = {
+        id(variable) for table in tables.values() for variable in table.row_variables().values()
+    }
+    found_tables, state, seen, queue = {}, {}, {id(root)}, [("", root)]
+    while queue:
+        path, parent = queue.pop(0)
+        for name, child in view.children(parent).items():
+            if id(child) in seen or (parent is root and name == "save_counter"):
+                continue  # the count of saves of that checkpoint object: not the model's
+            seen.add(id(child))
+            child_path = f"{path}.{name}" if path else name
+            if id(child) in tables:
+                found_tables[child_path] = child
+            if isinstance(child, (tf.Variable, keras.Variable)) and id(child) not in per_row:
+                state[child_path] = child
+            queue.append((child_path, child))
+    return found_tables, state
+
+
+class DeltaCheckpoints:
+    """Saves and restores a RecModel's checkpoints in `manager`'s folder, full or delta.
+
+    Args:
+        rec_model: The model (its `checkpoint` and its `row_tables`).
+        manager: Where full checkpoints go and what is kept of them.
+        full_every: Every how many checkpoints one is full (1: all of them).
+    """
+
+    def __init__(self, rec_model, manager: tf.train.CheckpointManager, full_every: int) -> None:
+        if full_every <= 0:
+            raise ValueError(f"full_every must be a positive number, got {full_every}")
+        self.rec_model, self.manager, self.full_every = rec_model, manager, full_every
+        self.directory = manager.directory
+        # {"full": name, "full_bytes": n, "deltas": [names], "delta_bytes": n}; None: the
+        # next checkpoint is full.
+        self.manifest: dict | None = None
+
+    def _delta_checkpoint(self, changes: dict[str, dict[str, tf.Tensor]]) -> tf.train.Checkpoint:
+        tables, state = tables_and_state(self.rec_model)
+        holders = {}
+        for path in tables:
+            holder = tf.Module()
+            holder.changes = {
+                name: tf.Variable(value, shape=[None, *value.shape[1:]], trainable=False)
+                for name, value in changes[path].items()
+            }
+            holders[path] = holder
+        return tf.train.Checkpoint(state=state, tables=holders)
+
+    # -- saving ---------------------------------------------------------------
+
+    def next_is_full(self) -> bool:
+        manifest = self.manifest
+        return (
+            manifest is None
+            or len(manifest["deltas"]) + 1 >= self.full_every
+            or manifest["delta_bytes"] >= manifest["full_bytes"]
+        )
+
+    def save(self, step: int) -> tuple[str, str, int]:
+        """Writes checkpoint `step`, full or delta, durably (files, then manifest, each
+        flushed to disk); returns its path, ``"full"`` or ``"delta"``, and its bytes.
+
+        Raises:
+            ModelDirError: It could not be written; the checkpoints before it stand,
+                and the next one is full.
+        """
+        full = self.next_is_full()
+        self.manifest, manifest = None, self.manifest  # until this one is in place
+        if full:
+            self.rec_model.before_save()
+            for table in self.rec_model.row_tables():
+                table.clear_changes()
+            path = model_dir.save_checkpoint(self.manager, step, durable=True)
+            self._replace_manifest(
+                {
+                    "full": os.path.basename(path),
+                    "full_bytes": _folder_bytes(path),
+                    "deltas": [],
+                    "delta_bytes": 0,
+                }
+            )
+            self._remove_unlisted_deltas(self.manifest)
+            return path, "full", self.manifest["full_bytes"]
+        self.rec_model.before_save(trim=False)
+        tables, _ = tables_and_state(self.rec_model)
+        changes = {path: table.take_changes() for path, table in tables.items()}
+        prefix = os.path.join(self.directory, f"{_PREFIX}{step}")
+        try:
+            self._delta_checkpoint(changes).write(prefix)
+            model_dir.flush_to_disk(prefix)
+            size = _folder_bytes(prefix)
+            manifest = dict(manifest)
+            manifest["deltas"] = [*manifest["deltas"], os.path.basename(prefix)]
+            manifest["delta_bytes"] += size
+            self._replace_manifest(manifest)
+        except (tf.errors.OpError, OSError) as error:
+            for leftover in tf.io.gfile.glob(prefix + ".*"):
+                tf.io.gfile.remove(leftover)
+            failure = errors.write_failure(error, f"delta {step}", self.directory, "--model_dir")
+            raise ModelDirError(f"{failure}; the last complete checkpoint stands") from None
+        return prefix, "delta", size
+
+    def _replace_manifest(self, manifest: dict) -> None:
+        atomic.write_file(
+            os.path.join(self.directory, MANIFEST), json.dumps(manifest), durable=True
+        )
+        self.manifest = manifest
+
+    def _remove_unlisted_deltas(self, manifest: dict | None) -> None:
+        """Deletes the delta files `manifest` does not list (of an earlier full
+        checkpoint, or left by a process killed while writing them)."""
+        listed = set(manifest["deltas"]) if manifest else set()
+        for path in tf.io.gfile.glob(os.path.join(self.directory, f"{_PREFIX}*")):
+            if os.path.basename(path).split(".")[0] not in listed:
+                tf.io.gfile.remove(path)
+
+    # -- restoring ------------------------------------------------------------
+
+    def restore(self, full: str | None) -> str | None:
+        """After `full` (the full checkpoint restored, or None) is restored: applies its
+        deltas in order; returns the last one applied (None: none).
+
+        Raises:
+            ModelDirError: A delta does not fit this model (another run's flags).
+        """
+        manifest = self._read_manifest()
+        self._remove_unlisted_deltas(manifest)
+        if full is None or manifest is None or manifest["full"] != os.path.basename(full):
+            return None  # the next checkpoint is full: no deltas build on `full`
+        tables, _ = tables_and_state(self.rec_model)
+        applied = []
+        for name in manifest["deltas"]:
+            prefix = os.path.join(self.directory, name)
+            problem = model_dir.checkpoint_damage(prefix)
+            if problem is not None:
+                logging.warning(
+                    "%s is damaged (%s): restored up to %s; the events trained after it "
+                    "are trained again where their source can deliver them again",
+                    prefix,
+                    problem,
+                    applied[-1] if applied else full,
+                )
+                break
+            self._apply(prefix, tables)
+            applied.append(prefix)
+        for table in tables.values():
+            table.reindex()
+            table.clear_changes()
+        if len(applied) == len(manifest["deltas"]):
+            self.manifest = manifest  # later deltas build on it; else the next is full
+        return applied[-1] if applied else None
+
+    def _apply(self, prefix: str, tables: dict) -> None:
+        holders = {}
+        for path, table in tables.items():
+            holder = tf.Module()
+            holder.changes = {
+                name: tf.Variable(tf.zeros([0, *spec.shape[1:]], spec.dtype), shape=spec.shape)
+                for name, spec in table.change_specs().items()
+            }
+            holders[path] = holder
+        _, state = tables_and_state(self.rec_model)
+        try:
+            tf.train.Checkpoint(state=state, tables=holders).read(prefix).assert_consumed()
+        except (AssertionError, ValueError, tf.errors.OpError) as error:
+            raise ModelDirError(
+                f"the delta {prefix} was made with other model flags ({error}); resume "
+                "with the flags it was trained with, or start over with --clean"
+            ) from None
+        for path, table in tables.items():
+            table.apply_changes({k: v.read_value() for k, v in holders[path].changes.items()})
+
+    def _read_manifest(self) -> dict | None:
+        path = os.path.join(self.directory, MANIFEST)
+        if not tf.io.gfile.exists(path):
+            return None
+        try:
+            with tf.io.gfile.GFile(path) as file:
+                manifest = json.load(file)
+            if not isinstance(manifest, dict) or set(manifest) != _MANIFEST_KEYS:
+                raise ValueError(f"not a manifest of {sorted(_MANIFEST_KEYS)}")
+        except (ValueError, tf.errors.OpError) as error:
+            logging.warning(
+                "%s cannot be read (%s): its deltas are not restored; the events trained "
+                "after the full checkpoint are trained again where their source can "
+                "deliver them again",
+                path,
+                error,
+            )
+            return None
+        return manifest

@@ -1,0 +1,102 @@
+"""What a hash embedding changed since its last checkpoint, for incremental checkpoints
+(`delta_checkpoints`): taken as a few tensors, and applied to a restored table.
+
+A table notes every row it writes (admission, refresh, training, a row moved into a
+hole, a row released) in its per-row ``changed`` flags, and every not-yet-admitted id
+whose sightings it counts or forgets. Since the live rows are always ``1..size``, the
+changed rows (by row number, with their ids and all their state) and the new size say
+everything about the rows: an id removed since has either left its row to another id,
+whose row is changed, or its row now lies past the size. The id-to-row index is not
+stored: `reindex` rebuilds it from the rows' ids.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from recommendation.online import id_index
+
+_ROWS, _PENDING = "rows.", "pending."
+
+
+class ChangeTracking:
+    """Mixed into `HashEmbedding`: `take_changes`, `apply_changes`, `reindex`.
+
+    The host provides ``changed`` (a per-row bool variable among its row variables),
+    ``size``, ``row_variables()``, ``_table``, ``_pending`` and ``_pending_changed``
+    (a hash table of the ids whose pending sightings changed; it is not checkpointed:
+    a restored table has changed nothing yet).
+    """
+
+    def _note_changed(self, slots: tf.Tensor) -> None:
+        self.changed.scatter_update(tf.IndexedSlices(tf.ones(tf.shape(slots), tf.bool), slots))
+
+    def _note_pending(self, keys: tf.Tensor) -> None:
+        self._pending_changed.insert(keys, tf.zeros(tf.shape(keys), tf.int64))
+
+    def change_specs(self) -> dict[str, tf.TensorSpec]:
+        """What `take_changes` returns: each tensor's dtype and shape."""
+        specs = {"slots": tf.TensorSpec([None], tf.int64)}
+        for name, variable in self.row_variables().items():
+            if name != "changed":
+                specs[_ROWS + name] = tf.TensorSpec([None, *variable.shape[1:]], variable.dtype)
+        if self.permit_filter_value > 1:
+            key = tf.as_dtype(self.key_dtype)
+            specs[_PENDING + "keys"] = tf.TensorSpec([None], key)
+            specs[_PENDING + "values"] = tf.TensorSpec([None, 2], tf.int64)
+            specs[_PENDING + "removed"] = tf.TensorSpec([None], key)
+        return specs
+
+    def clear_changes(self) -> None:
+        """Forgets what changed (a checkpoint now holds it)."""
+        self.changed.assign(tf.zeros_like(self.changed))
+        if self.permit_filter_value > 1:
+            id_index.clear(self._pending_changed)
+
+    def take_changes(self) -> dict[str, tf.Tensor]:
+        """The rows changed since the last call (``slots`` and each row variable's
+        values there, under ``rows.<name>``) and, when ids wait for admission, the
+        pending sightings changed (``pending.keys``, ``pending.values``) and removed
+        (``pending.removed``); then forgets them, as written."""
+        live = self.changed[1 : self.size + 1]
+        slots = tf.where(live)[:, 0] + 1
+        changes = {"slots": slots}
+        for name, variable in self.row_variables().items():
+            if name != "changed":
+                changes[_ROWS + name] = tf.gather(variable, slots)
+        if self.permit_filter_value > 1:
+            keys, _ = id_index.live_entries(self._pending_changed, 1)
+            values = tf.reshape(self._pending.lookup(keys), [-1, 2])
+            held = values[:, 0] > 0  # an id waiting for admission was seen at least once
+            changes[_PENDING + "keys"] = tf.boolean_mask(keys, held)
+            changes[_PENDING + "values"] = tf.boolean_mask(values, held)
+            changes[_PENDING + "removed"] = tf.boolean_mask(keys, ~held)
+        self.clear_changes()
+        return changes
+
+    def apply_changes(self, changes: dict[str, tf.Tensor]) -> None:
+        """Applies `take_changes` of a table in the state this one holds, whose scalars
+        (``size`` and ``allocated`` among them) already hold the values they had then;
+        `reindex` once the last is applied."""
+        end = self.allocated + 1
+        slots = changes["slots"]
+        for name, variable in self.row_variables().items():
+            have = tf.shape(variable, out_type=tf.int64)[0]
+            pad = tf.concat([[tf.maximum(end - have, 0)], tf.shape(variable)[1:]], 0)
+            variable.assign(tf.concat([variable[:end], tf.zeros(pad, variable.dtype)], 0))
+            if name != "changed":
+                variable.scatter_update(tf.IndexedSlices(changes[_ROWS + name], slots))
+        if self.permit_filter_value > 1:
+            self._pending.remove(changes[_PENDING + "removed"])
+            self._pending.insert(changes[_PENDING + "keys"], changes[_PENDING + "values"])
+
+    def reindex(self) -> None:
+        """Rebuilds the id-to-row index from the rows' ids (and, for int64 ids, the
+        pending sightings' index, clearing its tombstones)."""
+        live = tf.range(1, self.size + 1)
+        keys = tf.gather(self.slot_keys, live)
+        if self.key_dtype == "int64":
+            self._rebuilt(0, id_index.rebuild(self._table, keys, live[:, None], 1))
+            self._rebuild_pending()
+        else:
+            id_index.replace(self._table, keys, live)

@@ -1,0 +1,226 @@
+"""Incremental checkpoints: a full checkpoint and its deltas restore exactly what the
+trained model held, a half-written or damaged delta is never applied, and a delta
+holds only what changed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from official.utils.misc import atomic
+from recommendation import constants
+from recommendation.online import callbacks, delta_checkpoints, id_index, online_ncf
+from recommendation.online.rec_model import StreamBatch
+
+# Small tables under churn: users arrive all the time (lru evicts, rows move into the
+# holes), items are admitted on their second sighting (pending sightings change).
+MODEL = online_ncf.OnlineParams(
+    mf_dim=4,
+    layers=(8, 4),
+    mlp_regularization=(0.0, 0.0),
+    user_capacity=40,
+    item_capacity=48,
+    permit_filter_value=2,
+    prequential_events=4,
+    prequential_negatives=5,
+)
+
+
+def _stream(num_batches: int, seed: int = 0) -> list[StreamBatch]:
+    rng = np.random.default_rng(seed)
+    batches = []
+    for index in range(num_batches):
+        users = rng.integers(0, 30, 16) + 3 * index  # new users keep arriving
+        items = rng.zipf(1.5, 16) % 80
+        data = {
+            constants.USER_COLUMN: users.astype(np.int64),
+            constants.ITEM_COLUMN: items.astype(np.int64),
+            constants.TIME_COLUMN: np.full(16, index, np.int64),
+        }
+        batches.append(StreamBatch(data, {"offset": index + 1}, 16))
+    return batches
+
+
+def _model():
+    tf.keras.utils.set_random_seed(1)
+    return online_ncf.build_rec_model(MODEL)
+
+
+def _train(rec_model, batches, *chosen) -> dict:
+    return rec_model.online_train(batches, list(chosen), sink_size=1)
+
+
+def _checkpoints(directory, full_every: int = 4, every_steps: int = 3):
+    return callbacks.CheckpointCallback(
+        str(directory), every_steps=every_steps, full_every=full_every
+    )
+
+
+def _state(rec_model) -> dict[str, np.ndarray]:
+    """Everything the model's checkpoint holds, the tables by their live rows and
+    pending sightings (not by bucket layout), and what each id's lookup gives."""
+    checkpoint = rec_model.checkpoint
+    tables, small = delta_checkpoints.tables_and_state(rec_model)
+    # Not the index's own bookkeeping (its removals and buckets since its last rebuild:
+    # a restore rebuilds it); what each id looks up is compared instead.
+    state = {
+        path: np.asarray(variable.numpy())
+        for path, variable in small.items()
+        if not path.endswith((".removals", ".buckets"))
+    }
+    state["position"] = checkpoint.position.numpy()
+    for path, table in tables.items():
+        end = int(table.size.numpy()) + 1
+        for name, variable in table.row_variables().items():
+            state[f"{path}.{name}"] = variable.numpy()[:end]
+        keys = table.slot_keys.numpy()[1:end]
+        state[f"{path}.lookup"] = table.lookup_slots(tf.constant(keys)).numpy()
+        pending_keys, pending_values = (t.numpy() for t in id_index.live_entries(table._pending, 2))
+        order = np.argsort(pending_keys)
+        state[f"{path}.pending"] = np.concatenate(
+            [pending_keys[order, None], pending_values[order]], 1
+        )
+    return state
+
+
+def _assert_same(state: dict, other: dict) -> None:
+    assert sorted(state) == sorted(other)
+    for key in state:
+        np.testing.assert_array_equal(state[key], other[key], err_msg=key)
+
+
+def _restored(directory, full_every: int = 4):
+    rec_model = _model()
+    checkpoint = _checkpoints(directory, full_every)
+    checkpoint.set_rec_model(rec_model)
+    checkpoint.on_train_begin()
+    return rec_model, checkpoint
+
+
+def test_a_full_checkpoint_and_its_deltas_restore_exactly_what_the_model_held(tmp_path):
+    straight = _model()
+    saver = _checkpoints(tmp_path)
+    _train(straight, _stream(20), saver)
+    # 20 steps, a checkpoint every 3 and at the end: full, 3 deltas, full, 2 deltas.
+    assert len(saver.seconds["full"]) == 2 and len(saver.seconds["delta"]) == 5
+    manifest = json.load(open(tmp_path / delta_checkpoints.MANIFEST))
+    assert manifest["full"] == "ckpt-15" and manifest["deltas"] == ["delta-18", "delta-20"]
+    assert not list(tmp_path.glob("delta-6.*"))  # the deltas of the full before: deleted
+    counts = straight.network.user_embedding.counts()
+    assert counts["evicted"] > 20 and counts["ids"] == 40
+
+    resumed, checkpoint = _restored(tmp_path)
+    assert checkpoint.restored_from == str(tmp_path / "delta-20")
+    _assert_same(_state(resumed), _state(straight))
+    # From there on both train alike: the same losses and the same rows evicted.
+    more = _stream(30)[20:]
+    losses = [_train(model, more)["logs"]["loss"] for model in (straight, resumed)]
+    assert losses[0] == losses[1]
+    _assert_same(_state(resumed), _state(straight))
+
+
+def test_a_delta_holds_the_changed_rows_only(tmp_path):
+    rec_model = _model()
+    saver = _checkpoints(tmp_path, full_every=100, every_steps=10)
+    _train(rec_model, _stream(10), saver)  # a full checkpoint at step 10
+    users = rec_model.network.user_embedding
+    quiet = StreamBatch(
+        {
+            constants.USER_COLUMN: np.array([users.slot_keys.numpy()[1]] * 4, np.int64),
+            constants.ITEM_COLUMN: np.array([1, 1, 1, 1], np.int64),
+            constants.TIME_COLUMN: np.zeros(4, np.int64),
+        },
+        {"offset": 11},
+        4,
+    )
+    _train(rec_model, [quiet], saver)  # one user seen: a delta at the end
+    reader = tf.train.load_checkpoint(str(tmp_path / "delta-11"))
+    shapes = reader.get_variable_to_shape_map()
+    user_rows = {
+        key: shape
+        for key, shape in shapes.items()
+        if key.startswith(
+            (
+                "tables/network..user_embedding/changes/rows",
+                "tables/network..user_embedding/changes/slots",
+            )
+        )
+    }
+    # That user's row alone: its id, values, moments and eviction state.
+    assert len(user_rows) == 7 and all(shape[:1] == [1] for shape in user_rows.values())
+    assert saver.bytes["delta"][0] < saver.bytes["full"][0] / 2
+
+
+def _snapshot_then_crash_in(monkeypatch, tmp_path, step_failing: str):
+    """Trains with checkpoints, then makes the next delta fail at `step_failing` as a
+    process killed there would (nothing after it runs); returns the state of the last
+    checkpoint before it."""
+    rec_model = _model()
+    saver = _checkpoints(tmp_path, full_every=10)
+    _train(rec_model, _stream(9), saver)  # full at 3, deltas at 6 and 9
+    expected = _state(_restored(tmp_path, 10)[0])
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    _train(rec_model, _stream(11)[9:])
+    if step_failing == "manifest":
+        monkeypatch.setattr(atomic, "write_file", killed)
+    else:  # between the data file and its index
+        monkeypatch.setattr(delta_checkpoints.model_dir, "flush_to_disk", killed)
+    with pytest.raises(Killed):
+        saver.act()
+    monkeypatch.undo()
+    assert list(tmp_path.glob("delta-11.*"))  # its files are there, not listed
+    return expected
+
+
+@pytest.mark.parametrize("step_failing", ["files", "manifest"])
+def test_a_delta_killed_while_written_is_never_restored(monkeypatch, tmp_path, step_failing):
+    expected = _snapshot_then_crash_in(monkeypatch, tmp_path, step_failing)
+    resumed, checkpoint = _restored(tmp_path, 10)
+    assert checkpoint.restored_from == str(tmp_path / "delta-9")
+    _assert_same(_state(resumed), expected)
+    assert not list(tmp_path.glob("delta-11.*"))  # the leftover is gone
+
+
+def test_a_damaged_delta_ends_the_restore_before_it_and_the_next_checkpoint_is_full(tmp_path):
+    rec_model = _model()
+    saver = _checkpoints(tmp_path, full_every=10)
+    _train(rec_model, _stream(6), saver)  # full at 3, delta at 6
+    expected = _state(_restored(tmp_path, 10)[0])
+    _train(rec_model, _stream(9)[6:], saver)  # delta at 9
+    data = next(tmp_path.glob("delta-9.data-*"))
+    data.write_bytes(data.read_bytes()[:-8])
+    resumed, checkpoint = _restored(tmp_path, 10)
+    assert checkpoint.restored_from == str(tmp_path / "delta-6")
+    _assert_same(_state(resumed), expected)
+    assert checkpoint.deltas.next_is_full()
+
+
+def test_one_full_every_checkpoint_writes_no_delta(tmp_path):
+    rec_model = _model()
+    saver = _checkpoints(tmp_path, full_every=1)
+    _train(rec_model, _stream(7), saver)
+    assert len(saver.seconds["full"]) == 3 and not saver.seconds["delta"]
+    assert not list(tmp_path.glob("delta-*"))
+
+
+def test_a_manifest_that_does_not_parse_restores_the_full_checkpoint_alone(tmp_path):
+    rec_model = _model()
+    saver = _checkpoints(tmp_path, full_every=10)
+    _train(rec_model, _stream(3), saver)  # full at 3
+    expected = _state(_restored(tmp_path, 10)[0])
+    _train(rec_model, _stream(6)[3:], saver)  # delta at 6
+    (tmp_path / delta_checkpoints.MANIFEST).write_text("{oops")
+    resumed, checkpoint = _restored(tmp_path, 10)
+    assert checkpoint.restored_from == str(tmp_path / "ckpt-3")
+    _assert_same(_state(resumed), expected)
+    assert os.path.exists(tmp_path / "ckpt-3.index")
