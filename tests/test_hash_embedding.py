@@ -451,3 +451,46 @@ def test_a_table_under_churn_keeps_answering_lookups_of_absent_ids(permit):
     assert layer.counts()["evicted"] == 39_000 and layer.counts()["ids"] == 1000
     held = layer.slots(tf.range(39_000, 40_000, dtype=tf.int64)).numpy()
     assert sorted(held.tolist()) == list(range(1, 1001))
+
+
+@pytest.mark.parametrize("key_dtype", ["int64", "string"])
+def test_a_restored_table_given_the_changes_since_is_the_table_that_made_them(tmp_path, key_dtype):
+    """A table checkpointed, trained on (admissions, evictions, pending sightings), and
+    its changes taken: a table restored from the checkpoint, given the state without a
+    value per row as it is now and those changes, looks up, holds and trains alike."""
+    options = dict(key_dtype=key_dtype, capacity=6, eviction="lru", permit_filter_value=2)
+    rng = np.random.default_rng(3)
+    stream = [rng.integers(0, 15, size=rng.integers(1, 6)).tolist() for _ in range(50)]
+    if key_dtype == "string":
+        stream = [[f"id{key}" for key in ids] for ids in stream]
+    straight = _Trainer(**options)
+    for ids in stream[:20]:
+        straight.step(ids)
+    straight.layer.trim()
+    path = tf.train.Checkpoint(layer=straight.layer, optimizer=straight.optimizer).write(
+        str(tmp_path / "ckpt")
+    )
+    straight.layer.clear_changes()
+    for ids in stream[20:35]:
+        straight.step(ids)
+    changes = straight.layer.take_changes()
+    assert 0 < len(changes["slots"]) <= 6 and len(changes["pending.keys"]) > 0
+    resumed = _Trainer(**options)
+    tf.train.Checkpoint(layer=resumed.layer, optimizer=resumed.optimizer).read(path)
+    per_row = {id(v) for v in straight.layer.row_variables().values()}
+
+    def state(layer) -> list:
+        objects = tf.train.TrackableView(layer).descendants()
+        return [v for v in objects if isinstance(v, (tf.Variable, keras.Variable))]
+
+    for mine, theirs in zip(state(resumed.layer), state(straight.layer), strict=True):
+        if id(theirs) not in per_row:
+            mine.assign(theirs)
+    resumed.optimizer.iterations.assign(straight.optimizer.iterations)
+    resumed.layer.apply_changes(changes)
+    resumed.layer.reindex()
+    assert resumed.keys() == straight.keys()
+    for ids in stream[35:]:
+        np.testing.assert_array_equal(resumed.step(ids), straight.step(ids))
+    assert resumed.layer.counts() == straight.layer.counts()
+    assert resumed.keys() == straight.keys() and straight.layer.counts()["evicted"] > 5

@@ -159,10 +159,10 @@ class DeltaCheckpoints:
         )
         self.manifest = manifest
 
-    def _remove_unlisted_deltas(self, manifest: dict | None) -> None:
+    def _remove_unlisted_deltas(self, manifest: dict) -> None:
         """Deletes the delta files `manifest` does not list (of an earlier full
         checkpoint, or left by a process killed while writing them)."""
-        listed = set(manifest["deltas"]) if manifest else set()
+        listed = set(manifest["deltas"])
         for path in tf.io.gfile.glob(os.path.join(self.directory, f"{_PREFIX}*")):
             if os.path.basename(path).split(".")[0] not in listed:
                 tf.io.gfile.remove(path)
@@ -177,7 +177,8 @@ class DeltaCheckpoints:
             ModelDirError: A delta does not fit this model (another run's flags).
         """
         manifest = self._read_manifest()
-        self._remove_unlisted_deltas(manifest)
+        if manifest is not None:  # (an unreadable one's deltas are left for a person)
+            self._remove_unlisted_deltas(manifest)
         if full is None or manifest is None or manifest["full"] != os.path.basename(full):
             return None  # the next checkpoint is full: no deltas build on `full`
         tables, _ = tables_and_state(self.rec_model)
