@@ -8,8 +8,8 @@ machine is shared):
 - lookup: one training step of a table (lazy Adam rows, inside a tf.function) on
   --lookup_ids ids: half of them the same ids every step, half new ids, which expire
   two steps later (``ttl:2``): each step refreshes, admits, expires and trains as many
-  rows at every capacity, the table holding about twice --lookup_ids ids; the median
-  of --repeats steps at each capacity;
+  rows at every capacity, the table holding about twice --lookup_ids ids; one table
+  per capacity, taking turns step by step, the median of --repeats steps of each;
 - stream: ``ncf-online`` over the ratings replayed as an event folder (one process per
   capacity, both tables at that capacity, ``--idle_timeout_secs 5 --seed 1``, an export
   every 2 s): events/s, peak RSS, the model_dir bytes and an export version's at the
@@ -58,9 +58,9 @@ flags.DEFINE_string(
 )
 
 
-def lookup_ms(capacity: int) -> float:
-    """Median milliseconds of one training lookup (admission, refresh, eviction, row
-    update) at `capacity`."""
+def _lookup_step(capacity: int):
+    """One training lookup (admission, refresh, expiry, row update) of a new table of
+    `capacity` rows: a function that runs the next step and returns its seconds."""
     table = HashEmbedding(FLAGS.width, capacity=capacity, eviction="ttl:2")
     optimizer = neumf_model.LazyAdam(learning_rate=0.001)
     optimizer.build([])
@@ -74,15 +74,28 @@ def lookup_ms(capacity: int) -> float:
 
     half = FLAGS.lookup_ids // 2
     held = np.arange(1, half + 1, dtype=np.int64)
-    fresh = 10**12  # new ids, never seen
-    times = []
-    for _ in range(FLAGS.repeats + 5):
-        ids = np.concatenate([held, np.arange(fresh, fresh + half)])
-        fresh += half
+    fresh = [10**12]  # new ids, never seen
+
+    def step() -> float:
+        ids = tf.constant(np.concatenate([held, np.arange(fresh[0], fresh[0] + half)]))
+        fresh[0] += half
         start = time.perf_counter()
-        train(tf.constant(ids))
-        times.append(time.perf_counter() - start)
-    return 1000 * float(np.median(times[5:]))
+        train(ids)
+        return time.perf_counter() - start
+
+    return step
+
+
+def lookup_ms(capacities: list[int]) -> list[float]:
+    """Median milliseconds of a training lookup at each capacity, the capacities
+    taking turns step by step (every other round in reverse order)."""
+    steps = [_lookup_step(capacity) for capacity in capacities]
+    times: list[list[float]] = [[] for _ in capacities]
+    for round_index in range(FLAGS.repeats + 5):
+        order = range(len(steps)) if round_index % 2 == 0 else reversed(range(len(steps)))
+        for index in order:
+            times[index].append(steps[index]())
+    return [1000 * float(np.median(each[5:])) for each in times]
 
 
 def main(argv: list[str]) -> None:
@@ -95,11 +108,9 @@ def main(argv: list[str]) -> None:
             f"\ntraining step of a table on {FLAGS.lookup_ids:,} ids (half new), width "
             f"{FLAGS.width}\n\n| capacity | ms | vs {capacities[0]:,} |\n|---|---|---|"
         )
-        base = None
-        for capacity in capacities:
-            ms = lookup_ms(capacity)
-            base = base or ms
-            print(f"| {capacity:,} | {ms:.2f} | {ms / base:.2f}x |", flush=True)
+        medians = lookup_ms(capacities)
+        for capacity, ms in zip(capacities, medians, strict=True):
+            print(f"| {capacity:,} | {ms:.2f} | {ms / medians[0]:.2f}x |", flush=True)
     if "stream" in FLAGS.parts:
         if not FLAGS.ratings:
             raise app.UsageError("--ratings is needed for the stream part")
