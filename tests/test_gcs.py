@@ -249,7 +249,8 @@ def test_online_training_on_gcs_checkpoints_exports_and_resumes_like_a_local_run
     # Events appended: the restarted trainer resumes from its gs:// checkpoint.
     gcs.write("online/events/a.csv", (first + more).encode())
     resumed = _online_main(gcs, "gs://bucket/online").stdout
-    assert f"restored gs://bucket/online/model/ckpt-{gcs_summary['steps']}" in resumed
+    # A full checkpoint at step 4, deltas at 8 and at the end (10): on gs:// too.
+    assert f"restored gs://bucket/online/model/delta-{gcs_summary['steps']}" in resumed
     assert json.loads(gcs.read("online/summary.json"))["events"] == 256  # not redone
     trained = gcs.read("online/trained.txt").decode().split()
     assert len(trained) == len(set(trained)) == 640 + 256  # every event once
