@@ -4,6 +4,7 @@ holds only what changed."""
 
 from __future__ import annotations
 
+import errno
 import json
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from official.utils.misc import atomic
+from official.utils.misc.model_dir import ModelDirError
 from recommendation import constants
 from recommendation.online import callbacks, delta_checkpoints, id_index, online_ncf
 from recommendation.online.rec_model import StreamBatch
@@ -223,3 +225,26 @@ def test_a_manifest_that_does_not_parse_restores_the_full_checkpoint_alone(tmp_p
     assert checkpoint.restored_from == str(tmp_path / "ckpt-3")
     _assert_same(_state(resumed), expected)
     assert list(tmp_path.glob("delta-6.*"))  # left for a person to look at
+
+
+def test_a_delta_that_cannot_be_written_is_one_error_and_leaves_no_file(monkeypatch, tmp_path):
+    rec_model = _model()
+    saver = _checkpoints(tmp_path, full_every=10)
+    _train(rec_model, _stream(6), saver)  # full at 3, delta at 6
+    manifest = (tmp_path / delta_checkpoints.MANIFEST).read_text()
+    _train(rec_model, _stream(8)[6:])
+
+    def full_disk(prefix):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(delta_checkpoints.model_dir, "flush_to_disk", full_disk)
+    with pytest.raises(ModelDirError) as raised:
+        saver.act()
+    assert str(raised.value) == (
+        f"cannot write delta 8 in {tmp_path}: no space left on the device; free space "
+        "there or pass --model_dir with a folder on a disk with room; the last complete "
+        "checkpoint stands"
+    )
+    assert not list(tmp_path.glob("delta-8*"))
+    assert (tmp_path / delta_checkpoints.MANIFEST).read_text() == manifest
+    assert saver.deltas.next_is_full()

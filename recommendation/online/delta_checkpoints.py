@@ -25,8 +25,10 @@ checkpoint); once its manifest is in place, the deltas before it are deleted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
@@ -102,6 +104,8 @@ class DeltaCheckpoints:
     # -- saving ---------------------------------------------------------------
 
     def next_is_full(self) -> bool:
+        """Whether the next checkpoint is full: the first, the `full_every`-th since
+        the last full one, once the deltas add up to it, or after a failed one."""
         manifest = self.manifest
         return (
             manifest is None
@@ -124,21 +128,19 @@ class DeltaCheckpoints:
             for table in self.rec_model.row_tables():
                 table.clear_changes()
             path = model_dir.save_checkpoint(self.manager, step, durable=True)
-            self._replace_manifest(
-                {
-                    "full": os.path.basename(path),
-                    "full_bytes": _folder_bytes(path),
-                    "deltas": [],
-                    "delta_bytes": 0,
-                }
-            )
+            size = _folder_bytes(path)
+            with self._write_failures(f"the manifest of checkpoint {step}"):
+                name = os.path.basename(path)
+                self._replace_manifest(
+                    {"full": name, "full_bytes": size, "deltas": [], "delta_bytes": 0}
+                )
             self._remove_unlisted_deltas(self.manifest)
-            return path, "full", self.manifest["full_bytes"]
+            return path, "full", size
         self.rec_model.before_save(trim=False)
         tables, _ = tables_and_state(self.rec_model)
         changes = {path: table.take_changes() for path, table in tables.items()}
         prefix = os.path.join(self.directory, f"{_PREFIX}{step}")
-        try:
+        with self._write_failures(f"delta {step}", prefix):
             self._delta_checkpoint(changes).write(prefix)
             model_dir.flush_to_disk(prefix)
             size = _folder_bytes(prefix)
@@ -146,12 +148,19 @@ class DeltaCheckpoints:
             manifest["deltas"] = [*manifest["deltas"], os.path.basename(prefix)]
             manifest["delta_bytes"] += size
             self._replace_manifest(manifest)
-        except (tf.errors.OpError, OSError) as error:
-            for leftover in tf.io.gfile.glob(prefix + ".*"):
-                tf.io.gfile.remove(leftover)
-            failure = errors.write_failure(error, f"delta {step}", self.directory, "--model_dir")
-            raise ModelDirError(f"{failure}; the last complete checkpoint stands") from None
         return prefix, "delta", size
+
+    @contextlib.contextmanager
+    def _write_failures(self, what: str, prefix: str | None = None) -> Iterator[None]:
+        """A write that fails (a full disk, no permission) becomes one ModelDirError
+        naming `what`, and the files of delta `prefix` are removed."""
+        try:
+            yield
+        except (tf.errors.OpError, OSError) as error:
+            for leftover in tf.io.gfile.glob(prefix + ".*") if prefix else ():
+                tf.io.gfile.remove(leftover)
+            failure = errors.write_failure(error, what, self.directory, "--model_dir")
+            raise ModelDirError(f"{failure}; the last complete checkpoint stands") from None
 
     def _replace_manifest(self, manifest: dict) -> None:
         atomic.write_file(
@@ -165,7 +174,10 @@ class DeltaCheckpoints:
         listed = set(manifest["deltas"])
         for path in tf.io.gfile.glob(os.path.join(self.directory, f"{_PREFIX}*")):
             if os.path.basename(path).split(".")[0] not in listed:
-                tf.io.gfile.remove(path)
+                try:
+                    tf.io.gfile.remove(path)
+                except tf.errors.OpError as error:  # only space is lost; the next may do
+                    logging.warning("could not remove %s: %s", path, error)
 
     # -- restoring ------------------------------------------------------------
 
