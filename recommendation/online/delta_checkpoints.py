@@ -89,17 +89,21 @@ class DeltaCheckpoints:
         # next checkpoint is full.
         self.manifest: dict | None = None
 
-    def _delta_checkpoint(self, changes: dict[str, dict[str, tf.Tensor]]) -> tf.train.Checkpoint:
-        tables, state = tables_and_state(self.rec_model)
+    @staticmethod
+    def _delta_checkpoint(
+        state: dict[str, tf.Variable], changes: dict[str, dict[str, tf.Tensor]]
+    ) -> tuple[tf.train.Checkpoint, dict[str, tf.Module]]:
+        """A delta's checkpoint object: `state` and each table's `changes` (values to
+        write, or empty ones of the right dtypes to read into), with the holders of
+        the latter by table path."""
         holders = {}
-        for path in tables:
-            holder = tf.Module()
-            holder.changes = {
+        for path, tensors in changes.items():
+            holders[path] = tf.Module()
+            holders[path].changes = {
                 name: tf.Variable(value, shape=[None, *value.shape[1:]], trainable=False)
-                for name, value in changes[path].items()
+                for name, value in tensors.items()
             }
-            holders[path] = holder
-        return tf.train.Checkpoint(state=state, tables=holders)
+        return tf.train.Checkpoint(state=state, tables=holders), holders
 
     # -- saving ---------------------------------------------------------------
 
@@ -137,11 +141,11 @@ class DeltaCheckpoints:
             self._remove_unlisted_deltas(self.manifest)
             return path, "full", size
         self.rec_model.before_save(trim=False)
-        tables, _ = tables_and_state(self.rec_model)
+        tables, state = tables_and_state(self.rec_model)
         changes = {path: table.take_changes() for path, table in tables.items()}
         prefix = os.path.join(self.directory, f"{_PREFIX}{step}")
         with self._write_failures(f"delta {step}", prefix):
-            self._delta_checkpoint(changes).write(prefix)
+            self._delta_checkpoint(state, changes)[0].write(prefix)
             model_dir.flush_to_disk(prefix)
             size = _folder_bytes(prefix)
             manifest = dict(manifest)
@@ -193,7 +197,7 @@ class DeltaCheckpoints:
             self._remove_unlisted_deltas(manifest)
         if full is None or manifest is None or manifest["full"] != os.path.basename(full):
             return None  # the next checkpoint is full: no deltas build on `full`
-        tables, _ = tables_and_state(self.rec_model)
+        tables, state = tables_and_state(self.rec_model)
         applied = []
         for name in manifest["deltas"]:
             prefix = os.path.join(self.directory, name)
@@ -207,7 +211,7 @@ class DeltaCheckpoints:
                     applied[-1] if applied else full,
                 )
                 break
-            self._apply(prefix, tables)
+            self._apply(prefix, tables, state)
             applied.append(prefix)
         for table in tables.values():
             table.reindex()
@@ -216,18 +220,17 @@ class DeltaCheckpoints:
             self.manifest = manifest  # later deltas build on it; else the next is full
         return applied[-1] if applied else None
 
-    def _apply(self, prefix: str, tables: dict) -> None:
-        holders = {}
-        for path, table in tables.items():
-            holder = tf.Module()
-            holder.changes = {
-                name: tf.Variable(tf.zeros([0, *spec.shape[1:]], spec.dtype), shape=spec.shape)
+    def _apply(self, prefix: str, tables: dict, state: dict[str, tf.Variable]) -> None:
+        empty = {
+            path: {
+                name: tf.zeros([0, *spec.shape[1:]], spec.dtype)
                 for name, spec in table.change_specs().items()
             }
-            holders[path] = holder
-        _, state = tables_and_state(self.rec_model)
+            for path, table in tables.items()
+        }
+        checkpoint, holders = self._delta_checkpoint(state, empty)
         try:
-            tf.train.Checkpoint(state=state, tables=holders).read(prefix).assert_consumed()
+            checkpoint.read(prefix).assert_consumed()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             raise ModelDirError(
                 f"the delta {prefix} was made with other model flags ({error}); resume "
