@@ -187,7 +187,8 @@ class DeltaCheckpoints:
 
     def restore(self, full: str | None) -> str | None:
         """After `full` (the full checkpoint restored, or None) is restored: applies its
-        deltas in order; returns the last one applied (None: none).
+        deltas in order and rebuilds the tables' indexes from their rows; returns the
+        last delta applied (None: none).
 
         Raises:
             ModelDirError: A delta does not fit this model (another run's flags).
@@ -195,11 +196,13 @@ class DeltaCheckpoints:
         manifest = self._read_manifest()
         if manifest is not None:  # (an unreadable one's deltas are left for a person)
             self._remove_unlisted_deltas(manifest)
-        if full is None or manifest is None or manifest["full"] != os.path.basename(full):
-            return None  # the next checkpoint is full: no deltas build on `full`
+        if full is None:
+            return None
         tables, state = tables_and_state(self.rec_model)
         applied = []
-        for name in manifest["deltas"]:
+        if manifest is None or manifest["full"] != os.path.basename(full):
+            manifest = None  # the next checkpoint is full: no deltas build on `full`
+        for name in manifest["deltas"] if manifest else ():
             prefix = os.path.join(self.directory, name)
             problem = model_dir.checkpoint_damage(prefix)
             if problem is not None:
@@ -214,9 +217,11 @@ class DeltaCheckpoints:
             self._apply(prefix, tables, state)
             applied.append(prefix)
         for table in tables.values():
+            # Also after a full checkpoint alone: the index it saved is rebuilt from
+            # the rows' ids, which repairs one saved with an id held twice.
             table.reindex()
             table.clear_changes()
-        if len(applied) == len(manifest["deltas"]):
+        if manifest and len(applied) == len(manifest["deltas"]):
             self.manifest = manifest  # later deltas build on it; else the next is full
         return applied[-1] if applied else None
 

@@ -473,10 +473,13 @@ class HashEmbedding(ChangeTracking, keras.layers.Layer):
         ready = (total >= self.permit_filter_value) & tf.boolean_mask(drawn, missing)
         waiting = ~ready
         seen = tf.stack([total, tf.fill(tf.shape(total), step)], axis=1)
-        self._pending.insert(tf.boolean_mask(keys, waiting), tf.boolean_mask(seen, waiting))
         self._pending.remove(tf.boolean_mask(keys, ready))
+        updated = id_index.put(
+            self._pending, tf.boolean_mask(keys, waiting), tf.boolean_mask(seen, waiting)
+        )
         self._note_pending(keys)
-        self.removals.assign_add(tf.stack([0, tf.reduce_sum(tf.cast(ready, tf.int64))]))
+        removed = tf.reduce_sum(tf.cast(ready & (sightings > 0), tf.int64)) + updated
+        self.removals.assign_add(tf.stack([0, removed]))
         return tf.tensor_scatter_nd_update(tf.zeros_like(missing), tf.where(missing), ready)
 
     def _admit(self, keys, sightings, freed, step) -> None:
@@ -498,7 +501,7 @@ class HashEmbedding(ChangeTracking, keras.layers.Layer):
         self.size.assign_add(num - num_reused)
         slots = tf.concat([reused[:num_reused], appended], 0)
         keys, sightings = keys[:num], sightings[:num]
-        self._table.insert(keys, slots)
+        self._table.insert(keys, slots)  # (ids without a row: a plain insert)
         self.slot_keys.scatter_update(tf.IndexedSlices(keys, slots))
         self._mark_seen(slots, None, sightings, step)
         fresh = self.initializer((num, self.embedding_size), self.embeddings.dtype)
@@ -538,7 +541,8 @@ class HashEmbedding(ChangeTracking, keras.layers.Layer):
         )
         movers = tf.boolean_mask(tail, ~emptied)
         targets = tf.sort(tf.boolean_mask(holes, ~in_tail))
-        self._table.insert(tf.gather(self.slot_keys, movers), targets)
+        moved = id_index.put(self._table, tf.gather(self.slot_keys, movers), targets)
+        self.removals.assign_add(tf.stack([moved, 0]))
         for variable in self.row_variables().values():
             variable.scatter_update(tf.IndexedSlices(tf.gather(variable, movers), targets))
         self._note_changed(targets)

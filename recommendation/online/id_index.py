@@ -8,6 +8,13 @@ size, and from then on a lookup of an absent id fails ("Internal error in
 MutableDenseHashTable lookup"). `rebuild` replaces the buckets with new, empty ones
 and inserts the live entries again; its owner calls it once the removals since the
 last rebuild reach an eighth of the buckets then (`worn`), O(1) a removal amortised.
+
+A DenseHashTable's ``insert`` of a key it holds is not always an update: the kernel writes
+the key into the first empty *or tombstone* bucket of the key's probe sequence, so a
+key whose bucket lies past a tombstone is then held twice. Lookups find the new entry
+first, until the key is removed, when the old one, with its old value, answers again
+(a row another id now holds, or past the live rows). `put` removes before it inserts:
+every write of a key that may be held goes through it.
 """
 
 from __future__ import annotations
@@ -75,6 +82,19 @@ def rebuild(table, keys: tf.Tensor, values: tf.Tensor, width: int) -> tf.Tensor:
     )
     table.insert(keys, values if width > 1 else tf.reshape(values, [-1]))
     return buckets
+
+
+def put(table, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """Makes `table` map `keys` to `values`, whether it holds them or not; returns
+    how many of them it held (each may leave a tombstone: count them as removals)."""
+    if not isinstance(table, tf.lookup.experimental.DenseHashTable):
+        table.insert(keys, values)
+        return tf.constant(0, tf.int64)
+    held = table.size()
+    table.remove(keys)
+    held -= table.size()
+    table.insert(keys, values)
+    return held
 
 
 def replace(table, keys: tf.Tensor, values: tf.Tensor) -> None:

@@ -32,6 +32,8 @@ class ChangeTracking:
         self.changed.scatter_update(tf.IndexedSlices(tf.ones(tf.shape(slots), tf.bool), slots))
 
     def _note_pending(self, keys: tf.Tensor) -> None:
+        # A plain insert: nothing is removed from this set but by `clear_changes`,
+        # which leaves no tombstones (`id_index`).
         self._pending_changed.insert(keys, tf.zeros(tf.shape(keys), tf.int64))
 
     def change_specs(self) -> dict[str, tf.TensorSpec]:
@@ -88,7 +90,7 @@ class ChangeTracking:
                 variable.scatter_update(tf.IndexedSlices(changes[_ROWS + name], slots))
         if self.permit_filter_value > 1:
             self._pending.remove(changes[_PENDING + "removed"])
-            self._pending.insert(changes[_PENDING + "keys"], changes[_PENDING + "values"])
+            id_index.put(self._pending, changes[_PENDING + "keys"], changes[_PENDING + "values"])
 
     def reindex(self) -> None:
         """Rebuilds the id-to-row index from the rows' ids (and, for int64 ids, the
