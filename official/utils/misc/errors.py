@@ -60,7 +60,8 @@ def write_failure(error: Exception, what: str, folder: str, flag: str) -> str:
 def exit_on_user_errors(*user_errors: type[Exception]) -> Iterator[None]:
     """Turns `user_errors` (whose messages say what to do), I/O errors and
     `signals.Interrupted` into one line on stderr and the exit status; everything else
-    stays a traceback, since it is a bug to report. (Signals become `Interrupted` only
+    (a TensorFlow op's invalid argument among it) stays a traceback, since it is a bug
+    to report. (Signals become `Interrupted` only
     inside `signals.stop_on_signals`.)"""
     try:
         yield
@@ -70,4 +71,16 @@ def exit_on_user_errors(*user_errors: type[Exception]) -> Iterator[None]:
     except user_errors as error:
         sys.exit(f"error: {error}")
     except (OSError, tf.errors.OpError) as error:
+        if _is_bug(error):
+            raise
         sys.exit(f"error: {os_message(error)}")
+
+
+def _is_bug(error: Exception) -> bool:
+    """Whether a TensorFlow error came from an op of the program's own computation
+    (an index out of range, shapes that do not fit) rather than from a file, a disk
+    or a path: those come from the file system calls, not from an op."""
+    if not isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.InternalError)):
+        return False
+    message = getattr(error, "message", None) or str(error)
+    return message.startswith("Graph execution error") or "[Op:" in message
