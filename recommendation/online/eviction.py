@@ -240,6 +240,7 @@ class CandidatePool:
         fewer than `wanted`, every row this step has not used (for this step only);
         returns True."""
         table = self.table
+        wanted = tf.cast(wanted, tf.int64)
         live = tf.range(1, table.size + 1)
         priorities = tf.gather(table.priority, live)
         cold = priorities < priority_floor(table.policy, step)
@@ -247,14 +248,29 @@ class CandidatePool:
         short = tf.reduce_sum(tf.cast(cold, tf.int64)) < wanted
         eligible = tf.where(tf.where(short, idle, cold))[:, 0]
         self.transient_step.assign(tf.where(short, step, -1))
+        # A pool for this step only needs what the step takes.
+        kept = tf.where(
+            short, wanted, tf.maximum(tf.maximum(table.size // 8, wanted), self.MIN_SORTED)
+        )
+        capped = tf.size(eligible, out_type=tf.int64) > kept
         priorities = tf.gather(priorities, eligible)
+        # Only the rows up to the kept-th lowest priority (ties included) are sorted:
+        # a partial selection, not a sort of every eligible row.
+        lowest = -tf.math.top_k(
+            -priorities,
+            tf.cast(tf.minimum(kept, tf.size(eligible, out_type=tf.int64)), tf.int32),
+            sorted=False,
+        ).values
+        within = priorities <= tf.reduce_max(tf.concat([lowest, [-float("inf")]], 0))
+        eligible, priorities = (
+            tf.boolean_mask(eligible, within),
+            tf.boolean_mask(priorities, within),
+        )
         slots = tf.gather(live, eligible)
         ids = tf.gather(table.slot_keys, slots)
         order = tf.argsort(table.tiebreak(ids), stable=True)
         order = tf.gather(order, tf.argsort(tf.gather(priorities, order), stable=True))
-        kept = tf.maximum(tf.maximum(table.size // 8, wanted), self.MIN_SORTED)
         order = order[: tf.cast(tf.minimum(kept, table.size), tf.int32)]
-        capped = tf.size(eligible, out_type=tf.int64) > kept
         self.ids.assign(tf.gather(ids, order))
         self.priorities.assign(tf.gather(priorities, order))
         self.head.assign(0)
