@@ -22,8 +22,9 @@ sorted list (`CandidatePool`): an eviction costs O(log n) amortised (a sort of t
 n rows buys n/8 evictions), not a scan of the table, and since the list is a cache of
 what the priorities already say, it is not checkpointed. Under LRU and TTL every row
 the step has not used is below the floor. Under LFU, when fewer rows are (the table
-holds only ids seen more than once a half-life), the step sorts all its unused rows
-and keeps that list for itself only: such a table pays a scan per evicting step.
+holds only ids seen more than once a half-life), the step selects the rows it needs
+from all its unused ones (a partial selection, then a sort of those) and keeps that
+list for itself only: such a table still pays a scan of its rows per evicting step.
 """
 
 from __future__ import annotations
