@@ -263,10 +263,8 @@ class CandidatePool:
             sorted=False,
         ).values
         within = priorities <= tf.reduce_max(tf.concat([lowest, [-float("inf")]], 0))
-        eligible, priorities = (
-            tf.boolean_mask(eligible, within),
-            tf.boolean_mask(priorities, within),
-        )
+        eligible = tf.boolean_mask(eligible, within)
+        priorities = tf.boolean_mask(priorities, within)
         slots = tf.gather(live, eligible)
         ids = tf.gather(table.slot_keys, slots)
         order = tf.argsort(table.tiebreak(ids), stable=True)

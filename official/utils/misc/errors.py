@@ -61,8 +61,7 @@ def exit_on_user_errors(*user_errors: type[Exception]) -> Iterator[None]:
     """Turns `user_errors` (whose messages say what to do), I/O errors and
     `signals.Interrupted` into one line on stderr and the exit status; everything else
     (a TensorFlow op's invalid argument among it) stays a traceback, since it is a bug
-    to report. (Signals become `Interrupted` only
-    inside `signals.stop_on_signals`.)"""
+    to report. (Signals become `Interrupted` only inside `signals.stop_on_signals`.)"""
     try:
         yield
     except signals.Interrupted as stop:
