@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from recommendation import neumf_model
-from recommendation.online.eviction import parse_policy
+from recommendation.online.eviction import CandidatePool, parse_policy
 from recommendation.online.hash_embedding import HashEmbedding
 
 
@@ -357,6 +357,57 @@ def test_the_table_holds_what_its_model_holds_step_by_step(
         assert counts["refused"] > 0 and counts["admitted"] == capacity
     else:
         assert counts["evicted"] > 0 and counts["admitted"] > capacity
+
+
+def test_lfu_rows_seen_after_a_refill_are_merged_into_the_eviction_order(monkeypatch):
+    """Under LFU a row seen after the pool was sorted can rank below rows in it; such
+    rows go into runs of their own, merged as they accumulate. On a skewed stream
+    whose hot ids stay above the decay floor (small refills, so that runs pile up),
+    the table holds what `_TableModel` holds at every step."""
+    monkeypatch.setattr(CandidatePool, "MIN_SORTED", 4)
+    layer = HashEmbedding(2, capacity=128, eviction="lfu:200")
+    train = tf.function(
+        lambda ids: layer.slots(ids, training=True),
+        input_signature=[tf.TensorSpec([None], tf.int64)],
+    )
+    model = _TableModel(128, 1, "lfu:200")
+    universe = np.arange(384)
+    popularity = 1.0 / (universe + 1.0) ** 0.7
+    rng = np.random.default_rng(5)
+    probe = tf.constant(universe << 20)
+    most_runs = 0
+    for _ in range(400):
+        batch = (
+            rng.choice(universe, size=rng.integers(1, 12), p=popularity / popularity.sum()) << 20
+        ).tolist()
+        train(tf.constant(batch, tf.int64))
+        model.train(batch)
+        held = layer.slots(probe).numpy() >= 0
+        assert set(probe.numpy()[held].tolist()) == set(model.held)
+        most_runs = max(most_runs, len(layer._pool.heads.numpy()))
+    assert most_runs >= 3  # runs were merged, not only one refill after another
+    assert layer.counts()["evicted"] == model.evicted > 500
+
+
+def test_an_lfu_table_whose_rows_all_stay_above_the_floor_does_not_scan_per_step():
+    """Every row was seen twice (its decayed count stays above one for a half-life), so
+    no row is below the LFU floor. A scan of the table's n rows must still buy about
+    n/8 evictions: rows scanned stay within one table plus 8 per eviction or row seen,
+    where a scan per evicting step would read 2,048 rows for every 8 evictions."""
+    layer = HashEmbedding(2, capacity=2048, eviction="lfu:1000")
+    train = tf.function(lambda ids: layer.slots(ids, training=True))
+    train(tf.constant(np.repeat(np.arange(2048), 2)))
+    seen = 0
+    rng = np.random.default_rng(0)
+    for step in range(100):
+        new = np.arange(10_000 + 8 * step, 10_000 + 8 * (step + 1))
+        hot = rng.choice(2048, size=8, replace=False)
+        train(tf.constant(np.concatenate([np.repeat(new, 2), hot])))
+        seen += 16
+    counts = layer.counts()
+    assert counts["evicted"] >= 790  # the new ids evict each other too once all are seen
+    scanned = int(layer._pool.rows_scanned.numpy())
+    assert scanned <= 2048 + 8 * (counts["evicted"] + seen), scanned
 
 
 def test_rows_are_allocated_as_ids_arrive_and_trimmed_to_the_live_ones(tmp_path):

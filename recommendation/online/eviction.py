@@ -15,16 +15,14 @@ a row the current step uses. The policies:
   ``lru``.
 
 A row seen at step t gets a priority of at least ``floor(t)`` (t, or t ln 2 / H), and
-priorities only grow when a row is seen. So the rows of priority below ``floor(t0)``,
-sorted once at step t0, stay the lowest rows in that order until they are used up
-(each checked on use: still held, priority unchanged). `HashEmbedding` keeps that
-sorted list (`CandidatePool`): an eviction costs O(log n) amortised (a sort of the
-n rows buys n/8 evictions), not a scan of the table, and since the list is a cache of
-what the priorities already say, it is not checkpointed. Under LRU and TTL every row
-the step has not used is below the floor. Under LFU, when fewer rows are (the table
-holds only ids seen more than once a half-life), the step selects the rows it needs
-from all its unused ones (a partial selection, then a sort of those) and keeps that
-list for itself only: such a table still pays a scan of its rows per evicting step.
+priorities only grow when a row is seen. So the lowest rows, sorted once, stay the
+lowest in that order while they are used up (each checked on use: still held,
+priority unchanged), except under LFU, where a row seen later may rank below some of
+them; those rows are sorted into runs of their own and merged in. `HashEmbedding`
+keeps that order (`CandidatePool`): an eviction costs O(log n) amortised (a scan of
+the n rows buys n/8 evictions or rows seen), not a scan of the table per step, and
+since the order is a cache of what the priorities already say, it is not
+checkpointed.
 """
 
 from __future__ import annotations
@@ -131,10 +129,39 @@ def _first(condition: tf.Tensor, otherwise: tf.Tensor) -> tf.Tensor:
     return tf.minimum(tf.reduce_min(tf.where(condition, positions, otherwise)), otherwise)
 
 
+def _in_order(priorities: tf.Tensor, ties: tf.Tensor) -> tf.Tensor:
+    """The permutation that sorts by ``(priority, tie)``, stably."""
+    order = tf.argsort(ties, stable=True)
+    return tf.gather(order, tf.argsort(tf.gather(priorities, order), stable=True))
+
+
+def _not_above(priorities, ties, priority, tie) -> tf.Tensor:
+    """Where ``(priorities, ties) <= (priority, tie)``."""
+    return (priorities < priority) | ((priorities == priority) & (ties <= tie))
+
+
+def _empty(variable: tf.Variable) -> None:
+    """Assigns `variable` no elements through a value of unknown length: in a
+    tf.function, a value of known shape assigned in one branch of a ``tf.cond`` gives
+    reads of the variable that shape in the other branch too (``tf.size`` of them is
+    folded to a constant)."""
+    variable.assign(tf.boolean_mask(variable, tf.zeros_like(variable, tf.bool)))
+
+
 class CandidatePool:
-    """The lowest rows of a table in eviction order, sorted once and used up in order
-    (module docstring): ``(priority, tie)`` ascending, where the tie is the id (int64
-    keys) or its fingerprint (strings).
+    """The rows a full table gives up next, as sorted runs of ``(priority, tie)``
+    (the tie is the id, or a string id's fingerprint), each used up from its head.
+
+    A refill scans the table once: the `kept` lowest rows the step has not used become
+    the first run, and the last of them is the pool's bound. Rows seen later get higher
+    priorities; under LRU and TTL always above the bound, under LFU not always (a row
+    seen twice a half-life ago still outranks a new one). So LFU tables note the rows
+    each step sees, and the next step sorts those at or below the bound into a run of
+    their own, merged with the run before it while that is not more than twice as
+    long (a row is merged O(log n) times). A take merges the runs' heads; every entry
+    is checked on use (still held, priority unchanged). The pool refills when it is
+    used up or its noted rows outgrow it: a scan of n rows buys n/8 evictions or
+    notes. The pool is a cache of what the priorities say: it is not checkpointed.
 
     Args:
         table: The `HashEmbedding` whose rows it orders (its index, per-row priority,
@@ -148,14 +175,111 @@ class CandidatePool:
 
     def __init__(self, table, key_dtype: tf.DType) -> None:
         self.table = table
-        self.ids = tf.Variable(tf.zeros([0], key_dtype), shape=[None], trainable=False)
-        self.priorities = tf.Variable(tf.zeros([0], tf.float64), shape=[None], trainable=False)
-        self.head = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.notes = table.policy.kind == "lfu"
+
+        def variable(dtype, shape=()):
+            initial = tf.zeros([0] * len(shape), dtype)
+            return tf.Variable(initial, shape=shape, trainable=False)
+
+        # The runs' entries, written at the refill and by scatters after it: read by
+        # gathers only (a dense read would copy the buffer).
+        self.ids = variable(key_dtype, [None])
+        self.priorities = variable(tf.float64, [None])
+        self.length = variable(tf.int64)  # entries written
+        self.room = variable(tf.int64)  # entries the buffer holds
+        # Each run is buffer[head:end].
+        self.heads = variable(tf.int64, [None])
+        self.ends = variable(tf.int64, [None])
+        self.bound = tf.Variable(-float("inf"), dtype=tf.float64, trainable=False)
         # No row outside the pool has an expiry stamp below this.
-        self.stamp_bound = tf.Variable(0, dtype=tf.int64, trainable=False)
-        # The step of a pool that also holds rows above the floor (too few were below
-        # it): good for that step only. -1: none.
-        self.transient_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.stamp_bound = variable(tf.int64)
+        # Rows seen this step (LFU): `(ids, priorities)`.
+        self.seen_ids = variable(key_dtype, [None])
+        self.seen_priorities = variable(tf.float64, [None])
+        # Rows read by refills, for measuring what eviction costs.
+        self.rows_scanned = variable(tf.int64)
+
+    def clear(self) -> None:
+        """Forgets every run (the next take refills): after the priorities were
+        written other than by training, as a restore does."""
+        _empty(self.heads)
+        _empty(self.ends)
+        self.length.assign(0)
+
+    def note_seen(self, ids: tf.Tensor, priorities: tf.Tensor) -> None:
+        """Records rows seen (refreshed or admitted) this step with their new
+        priorities, for the next step's `add_seen` (LFU only)."""
+        if self.notes:
+            self.seen_ids.assign(tf.concat([self.seen_ids, ids], 0))
+            self.seen_priorities.assign(tf.concat([self.seen_priorities, priorities], 0))
+
+    def add_seen(self) -> None:
+        """Sorts the rows noted last step at or below the bound into a run (at a
+        step's start, before any row is seen)."""
+        if not self.notes:
+            return
+        ids, priorities = self.seen_ids.read_value(), self.seen_priorities.read_value()
+        _empty(self.seen_ids)
+        _empty(self.seen_priorities)
+        low = (priorities <= self.bound) & (tf.reduce_sum(self.ends - self.heads) > 0)
+        ids, priorities = tf.boolean_mask(ids, low), tf.boolean_mask(priorities, low)
+        order = _in_order(priorities, self.table.tiebreak(ids))
+        count = tf.size(ids, out_type=tf.int64)
+
+        def append():
+            at = tf.range(self.length, self.length + count)
+            self.ids.scatter_update(tf.IndexedSlices(tf.gather(ids, order), at))
+            self.priorities.scatter_update(tf.IndexedSlices(tf.gather(priorities, order), at))
+            self.heads.assign(tf.concat([self.heads, tf.reshape(self.length, [1])], 0))
+            self.length.assign_add(count)
+            self.ends.assign(tf.concat([self.ends, tf.reshape(self.length, [1])], 0))
+            self._merge_runs()
+            return tf.constant(True)
+
+        def overflow():
+            self.clear()
+            return tf.constant(False)
+
+        tf.cond(
+            count == 0,
+            lambda: tf.constant(False),
+            lambda: tf.cond(self.length + count <= self.room, append, overflow),
+        )
+
+    def _merge_runs(self) -> None:
+        """Drops used-up runs, then merges the last two while the older is not more
+        than twice as long as the newer."""
+        live = self.heads < self.ends
+        self.heads.assign(tf.boolean_mask(self.heads, live))
+        self.ends.assign(tf.boolean_mask(self.ends, live))
+
+        def uneven(_):
+            left = tf.concat([[tf.int64.max, 0], self.ends - self.heads], 0)[-2:]
+            return (tf.size(self.heads) >= 2) & (left[0] <= 2 * left[1])
+
+        def merge(merges):
+            first, second = self.heads[-2], self.heads[-1]
+            at = tf.concat([tf.range(first, self.ends[-2]), tf.range(second, self.ends[-1])], 0)
+            ids, priorities = tf.gather(self.ids, at), tf.gather(self.priorities, at)
+            valid = self._valid(ids, priorities)
+            ids, priorities = tf.boolean_mask(ids, valid), tf.boolean_mask(priorities, valid)
+            order = _in_order(priorities, self.table.tiebreak(ids))
+            count = tf.size(ids, out_type=tf.int64)
+            to = tf.range(first, first + count)
+            self.ids.scatter_update(tf.IndexedSlices(tf.gather(ids, order), to))
+            self.priorities.scatter_update(tf.IndexedSlices(tf.gather(priorities, order), to))
+            self.length.assign(first + count)
+            self.heads.assign(self.heads[:-1])
+            self.ends.assign(tf.concat([self.ends[:-2], tf.reshape(self.length, [1])], 0))
+            return merges + 1
+
+        tf.while_loop(uneven, merge, [tf.constant(0)])
+
+    def _valid(self, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
+        """Entries whose id still holds a row of that priority."""
+        slots = self.table.lookup_slots(ids)
+        current = tf.gather(self.table.priority, tf.maximum(slots, 0))
+        return (slots >= 0) & tf.equal(current, priorities)
 
     def take_lowest(self, count: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Takes up to `count` rows of lowest priority, none seen this step (fewer when
@@ -169,27 +293,23 @@ class CandidatePool:
         return self._take(tf.constant(2**62, tf.int64), step, deadline=deadline)
 
     def _take(self, count, step_now, deadline):
-        stale = (self.transient_step >= 0) & (self.transient_step != step_now)
-        self.head.assign(tf.where(stale, tf.size(self.ids, out_type=tf.int64), self.head))
-        self.transient_step.assign(tf.where(stale, tf.constant(-1, tf.int64), self.transient_step))
-
-        def step(ids, slots, rebuilt, done):
-            left = tf.size(self.ids, out_type=tf.int64) - self.head
+        def step(ids, slots, refilled, done):
+            left = tf.reduce_sum(self.ends - self.heads)
             wanted = count - tf.size(ids, out_type=tf.int64)
             useful = wanted > 0 if deadline is None else deadline > self.stamp_bound
             return tf.cond(
-                (left == 0) & ~rebuilt & useful,
+                (left == 0) & ~refilled & useful,
                 lambda: (
                     ids,
                     slots,
-                    self._sort(step_now, wanted if deadline is None else 0),
+                    self._refill(step_now, wanted if deadline is None else 0),
                     tf.constant(False),
                 ),
-                lambda: self._from_window(ids, slots, rebuilt, left, wanted, deadline),
+                lambda: self._from_heads(ids, slots, refilled, left, wanted, deadline),
             )
 
         ids, slots, _, _ = tf.while_loop(
-            lambda ids, slots, rebuilt, done: ~done,
+            lambda ids, slots, refilled, done: ~done,
             step,
             (
                 tf.zeros([0], self.ids.dtype),
@@ -206,53 +326,67 @@ class CandidatePool:
         )
         return ids, slots
 
-    def _from_window(self, taken_ids, taken_slots, rebuilt, left, wanted, deadline):
-        width = tf.minimum(left, 2 * wanted + 64 if deadline is None else 1024)
-        window = self.head + tf.range(width)
-        ids = tf.gather(self.ids, window)
-        slots = self.table.lookup_slots(ids)
-        row = tf.maximum(slots, 0)
-        valid = (slots >= 0) & tf.equal(
-            tf.gather(self.table.priority, row), tf.gather(self.priorities, window)
+    def _from_heads(self, taken_ids, taken_slots, refilled, left, wanted, deadline):
+        """Takes from a window at the head of each run, merged: exact up to the least
+        last entry of the windows of runs that go on past theirs."""
+        table = self.table
+        width = 2 * wanted + 64 if deadline is None else 1024
+        heads, ends = self.heads.read_value(), self.ends.read_value()
+        window_ends = tf.minimum(heads + width, ends)
+        windows = tf.ragged.range(heads, window_ends)
+        run = windows.value_rowids()
+        ids = tf.gather(self.ids, windows.flat_values)
+        priorities = tf.gather(self.priorities, windows.flat_values)
+        ties = table.tiebreak(ids)
+        go_on = tf.boolean_mask(window_ends - 1, window_ends < ends)
+        bound = tf.reduce_min(tf.gather(self.priorities, go_on))  # (+inf if none)
+        bound_tie = tf.reduce_min(
+            tf.where(
+                tf.gather(self.priorities, go_on) == bound,
+                table.tiebreak(tf.gather(self.ids, go_on)),
+                tf.int64.max,
+            )
         )
+        order = _in_order(priorities, ties)
+        ids, priorities, run = (tf.gather(x, order) for x in (ids, priorities, run))
+        ties = tf.gather(ties, order)
+        # A prefix of the merged windows.
+        exact = tf.reduce_sum(tf.cast(_not_above(priorities, ties, bound, bound_tie), tf.int64))
+        slots = table.lookup_slots(ids)
+        valid = self._valid(ids, priorities)
         if deadline is None:
-            # Through the entry that completes `wanted`.
             reached = tf.cumsum(tf.cast(valid, tf.int64)) >= wanted
-            used = tf.minimum(_first(reached, width), width - 1) + 1
+            last = _first(reached, exact)  # the entry that completes `wanted`
+            satisfied = last < exact
+            used = tf.minimum(last + 1, exact)
             chosen = valid
         else:
-            expired = valid & (tf.gather(self.table.stamps, row) < deadline)
-            used = _first(valid & ~expired, width)
+            expired = valid & (tf.gather(table.stamps, tf.maximum(slots, 0)) < deadline)
+            used = _first(valid & ~expired, exact)
+            satisfied = used < exact
             chosen = expired
-        chosen &= tf.range(width) < used
-        self.head.assign_add(used)
+        consumed = tf.range(tf.size(ids, out_type=tf.int64)) < used
+        chosen &= consumed
+        self.heads.assign_add(
+            tf.math.unsorted_segment_sum(tf.cast(consumed, tf.int64), run, tf.size(heads))
+        )
         ids, slots = tf.boolean_mask(ids, chosen), tf.boolean_mask(slots, chosen)
-        # Out of the index, and above any floor: a later sort in this step skips them.
-        self.table.release(ids, slots)
-        if deadline is None:
-            satisfied = tf.size(ids, out_type=tf.int64) >= wanted
-        else:
-            satisfied = used < width
-        done = satisfied | (left == 0) | ((used == left) & rebuilt)
-        return tf.concat([taken_ids, ids], 0), tf.concat([taken_slots, slots], 0), rebuilt, done
+        # Out of the index, and above any bound: a later refill in this step skips them.
+        table.release(ids, slots)
+        done = satisfied | (left == 0) | ((used == left) & refilled)
+        return tf.concat([taken_ids, ids], 0), tf.concat([taken_slots, slots], 0), refilled, done
 
-    def _sort(self, step: tf.Tensor, wanted: tf.Tensor) -> tf.Tensor:
-        """Refills the pool from a scan of the table: the rows below the floor or, if
-        fewer than `wanted`, every row this step has not used (for this step only);
-        returns True."""
+    def _refill(self, step: tf.Tensor, wanted: tf.Tensor) -> tf.Tensor:
+        """Makes the pool one run from a scan of the table: the `kept` rows of lowest
+        priority that this step has not used; returns True."""
         table = self.table
         wanted = tf.cast(wanted, tf.int64)
         live = tf.range(1, table.size + 1)
+        self.rows_scanned.assign_add(table.size)
         priorities = tf.gather(table.priority, live)
-        cold = priorities < priority_floor(table.policy, step)
         idle = (tf.gather(table.last_seen, live) != step) & (priorities < float("inf"))
-        short = tf.reduce_sum(tf.cast(cold, tf.int64)) < wanted
-        eligible = tf.where(tf.where(short, idle, cold))[:, 0]
-        self.transient_step.assign(tf.where(short, step, -1))
-        # A pool for this step only needs what the step takes.
-        kept = tf.where(
-            short, wanted, tf.maximum(tf.maximum(table.size // 8, wanted), self.MIN_SORTED)
-        )
+        eligible = tf.where(idle)[:, 0]
+        kept = tf.maximum(tf.maximum(table.size // 8, wanted), self.MIN_SORTED)
         capped = tf.size(eligible, out_type=tf.int64) > kept
         priorities = tf.gather(priorities, eligible)
         # Only the rows up to the kept-th lowest priority (ties included) are sorted:
@@ -267,12 +401,19 @@ class CandidatePool:
         priorities = tf.boolean_mask(priorities, within)
         slots = tf.gather(live, eligible)
         ids = tf.gather(table.slot_keys, slots)
-        order = tf.argsort(table.tiebreak(ids), stable=True)
-        order = tf.gather(order, tf.argsort(tf.gather(priorities, order), stable=True))
-        order = order[: tf.cast(tf.minimum(kept, table.size), tf.int32)]
-        self.ids.assign(tf.gather(ids, order))
-        self.priorities.assign(tf.gather(priorities, order))
-        self.head.assign(0)
+        order = _in_order(priorities, table.tiebreak(ids))[: tf.cast(kept, tf.int32)]
+        ids, priorities = tf.gather(ids, order), tf.gather(priorities, order)
+        count = tf.size(ids, out_type=tf.int64)
+        # LFU tables keep room for the rows noted after the refill.
+        room = count + (kept if self.notes else 0)
+        self.ids.assign(tf.concat([ids, tf.zeros([room - count], ids.dtype)], 0))
+        self.priorities.assign(tf.concat([priorities, tf.zeros([room - count], tf.float64)], 0))
+        self.room.assign(room)
+        self.length.assign(count)
+        # One run, or none when nothing is eligible (lengths unknown: see `_empty`).
+        self.heads.assign(tf.range(0, count, tf.maximum(count, 1)))
+        self.ends.assign(self.heads + count)
+        self.bound.assign(tf.concat([[-float("inf")], priorities], 0)[-1])
         stamps = tf.gather(table.stamps, tf.gather(slots, order))
         last = tf.concat([stamps[-1:], [table.stamp_clock]], 0)[0]
         self.stamp_bound.assign(tf.where(capped, last, table.stamp_clock))

@@ -396,6 +396,7 @@ class HashEmbedding(ChangeTracking, keras.layers.Layer):
 
     def _resolve(self, flat: tf.Tensor) -> tf.Tensor:
         step = self.step.assign_add(1)
+        self._pool.add_seen()
         unique, positions, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
         slots = self.lookup_slots(unique)
         held = slots >= 0
@@ -449,6 +450,7 @@ class HashEmbedding(ChangeTracking, keras.layers.Layer):
         before, None for new rows): priority, last step and clock."""
         fresh = seen_priority(self.policy, old, sightings, step)
         self.priority.scatter_update(tf.IndexedSlices(fresh, slots))
+        self._pool.note_seen(tf.gather(self.slot_keys, slots), fresh)
         self._note_changed(slots)
         self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(slots), step), slots))
         if self.policy.ttl_seconds:

@@ -94,7 +94,9 @@ class ChangeTracking:
 
     def reindex(self) -> None:
         """Rebuilds the id-to-row index from the rows' ids (and, for int64 ids, the
-        pending sightings' index, clearing its tombstones)."""
+        pending sightings' index, clearing its tombstones), and forgets the eviction
+        order cached from the rows before."""
+        self._pool.clear()
         live = tf.range(1, self.size + 1)
         keys = tf.gather(self.slot_keys, live)
         if self.key_dtype == "int64":
