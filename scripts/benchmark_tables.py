@@ -2,7 +2,7 @@
 
     python scripts/benchmark_tables.py --ratings ../shared/data/ml-100k/u.data
 
-Two measurements, each against the smallest capacity in the same run (ratios: the
+Three measurements, each against the smallest capacity in the same run (ratios: the
 machine is shared):
 
 - lookup: one training step of a table (lazy Adam rows, inside a tf.function) on
@@ -10,6 +10,12 @@ machine is shared):
   two steps later (``ttl:2``): each step refreshes, admits, expires and trains as many
   rows at every capacity, the table holding about twice --lookup_ids ids; one table
   per capacity, taking turns step by step, the median of --repeats steps of each;
+- eviction: one training step of a full table at each of --full_capacities, every row
+  seen twice so that none is below LFU's decay floor (the case where finding the
+  lowest rows is hardest): each step admits --lookup_ids / 2 new ids (seen twice, each
+  evicting a row) and sees as many held ones, under ``lfu`` and, as the baseline on
+  the same steps, ``lru``; tables taking turns step by step, the median of --repeats
+  steps of each, and the rows the LFU tables' refills read per step;
 - stream: ``ncf-online`` over the ratings replayed as an event folder (one process per
   capacity, both tables at that capacity, ``--idle_timeout_secs 5 --seed 1``, an export
   every 2 s): events/s, peak RSS, the model_dir bytes and an export version's at the
@@ -43,7 +49,12 @@ from recommendation.online.hash_embedding import HashEmbedding  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_string("ratings", None, "MovieLens ratings file replayed as the stream.")
 flags.DEFINE_list("capacities", ["65536", "1048576", "16777216", "67108864"], "Capacities.")
-flags.DEFINE_list("parts", ["lookup", "stream"], "What to measure: lookup, stream.")
+flags.DEFINE_list(
+    "parts", ["lookup", "eviction", "stream"], "What to measure: lookup, eviction, stream."
+)
+flags.DEFINE_list(
+    "full_capacities", ["65536", "262144", "1048576", "4194304"], "Capacities of full tables."
+)
 flags.DEFINE_integer("lookup_ids", 20_480, "Ids of each timed lookup.")
 flags.DEFINE_integer("repeats", 30, "Timed lookups per capacity.")
 flags.DEFINE_integer("width", 64, "Row width in the lookup part.")
@@ -58,19 +69,25 @@ flags.DEFINE_string(
 )
 
 
-def _lookup_step(capacity: int):
-    """One training lookup (admission, refresh, expiry, row update) of a new table of
-    `capacity` rows: a function that runs the next step and returns its seconds."""
-    table = HashEmbedding(FLAGS.width, capacity=capacity, eviction="ttl:2")
+def _training_step(table: HashEmbedding):
+    """A tf.function that trains `table` (lazy Adam rows) on a batch of ids."""
     optimizer = neumf_model.LazyAdam(learning_rate=0.001)
     optimizer.build([])
     table.attach_optimizer(optimizer)
 
-    @tf.function
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
     def train(ids):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(table(ids, training=True))
         table.train_rows(tape.gradient(loss, table.embeddings))
+
+    return train
+
+
+def _lookup_step(capacity: int):
+    """One training lookup (admission, refresh, expiry, row update) of a new table of
+    `capacity` rows: a function that runs the next step and returns its seconds."""
+    train = _training_step(HashEmbedding(FLAGS.width, capacity=capacity, eviction="ttl:2"))
 
     half = FLAGS.lookup_ids // 2
     held = np.arange(1, half + 1, dtype=np.int64)
@@ -86,16 +103,66 @@ def _lookup_step(capacity: int):
     return step
 
 
-def lookup_ms(capacities: list[int]) -> list[float]:
-    """Median milliseconds of a training lookup at each capacity, the capacities
-    taking turns step by step (every other round in reverse order)."""
-    steps = [_lookup_step(capacity) for capacity in capacities]
-    times: list[list[float]] = [[] for _ in capacities]
+def _evicting_step(capacity: int, policy: str):
+    """One training step of a full `policy` table of `capacity` rows, every row seen
+    twice: a function that runs the next step and returns its seconds."""
+    table = HashEmbedding(FLAGS.width, capacity=capacity, eviction=policy)
+    train = _training_step(table)
+    train(tf.constant(np.repeat(np.arange(capacity, dtype=np.int64), 2)))
+    half = FLAGS.lookup_ids // 2
+    rng = np.random.default_rng(0)
+    fresh = [10**12]
+
+    def step() -> float:
+        new = np.repeat(np.arange(fresh[0], fresh[0] + half), 2)
+        fresh[0] += half
+        held = table.contents()[0].numpy()[rng.integers(0, capacity, size=half)]
+        ids = tf.constant(np.concatenate([new, held]))
+        start = time.perf_counter()
+        train(ids)
+        return time.perf_counter() - start
+
+    step.table = table
+    return step
+
+
+def _median_ms(steps: list) -> list[float]:
+    """Median milliseconds of each step function, taking turns step by step (every
+    other round in reverse order), after 5 untimed rounds."""
+    times: list[list[float]] = [[] for _ in steps]
     for round_index in range(FLAGS.repeats + 5):
         order = range(len(steps)) if round_index % 2 == 0 else reversed(range(len(steps)))
         for index in order:
             times[index].append(steps[index]())
     return [1000 * float(np.median(each[5:])) for each in times]
+
+
+def lookup_ms(capacities: list[int]) -> list[float]:
+    """Median milliseconds of a training lookup at each capacity."""
+    return _median_ms([_lookup_step(capacity) for capacity in capacities])
+
+
+def eviction_table(capacities: list[int]) -> None:
+    """Prints the eviction part's table (module docstring)."""
+    print(
+        f"\ntraining step of a full table, every row seen twice, on {FLAGS.lookup_ids:,} ids "
+        f"(half new, each evicting a row), width {FLAGS.width}\n\n"
+        f"| capacity | lru ms | lfu ms | lfu vs lru | lfu vs {capacities[0]:,} "
+        "| rows read by lfu refills per step |\n|---|---|---|---|---|---|"
+    )
+    first = None
+    for capacity in capacities:
+        steps = [_evicting_step(capacity, policy) for policy in ("lru", "lfu")]
+        scanned = int(steps[1].table._pool.rows_scanned.numpy())
+        lru, lfu = _median_ms(steps)
+        per_step = (int(steps[1].table._pool.rows_scanned.numpy()) - scanned) / (FLAGS.repeats + 5)
+        first = first or lfu
+        print(
+            f"| {capacity:,} | {lru:.2f} | {lfu:.2f} | {lfu / lru:.2f}x | {lfu / first:.2f}x "
+            f"| {per_step:,.0f} |",
+            flush=True,
+        )
+        del steps
 
 
 def main(argv: list[str]) -> None:
@@ -111,6 +178,8 @@ def main(argv: list[str]) -> None:
         medians = lookup_ms(capacities)
         for capacity, ms in zip(capacities, medians, strict=True):
             print(f"| {capacity:,} | {ms:.2f} | {ms / medians[0]:.2f}x |", flush=True)
+    if "eviction" in FLAGS.parts:
+        eviction_table([int(value) for value in FLAGS.full_capacities])
     if "stream" in FLAGS.parts:
         if not FLAGS.ratings:
             raise app.UsageError("--ratings is needed for the stream part")
