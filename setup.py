@@ -18,7 +18,7 @@ setup(
         include=["official", "official.*", "recommendation", "recommendation.*"]
     ),
     # The NCF rules for the MLPerf compliance checker (scripts/check_mlperf_log.sh).
-    package_data={"recommendation": ["mlperf/*.yaml"]},
+    package_data={"recommendation.mlperf": ["*.yaml"]},
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "keras>=3.10,<4",

@@ -14,7 +14,8 @@ import sys
 
 from absl import app, flags
 
-from recommendation import data_preprocessing, movielens, ncf_common
+from recommendation.data import data_preprocessing, movielens
+from recommendation.training import ncf_common
 
 
 def summary_lines(result: data_preprocessing.LoadResult, dataset: str) -> list[str]:

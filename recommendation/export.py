@@ -47,12 +47,15 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from official.utils.misc import atomic, distribution_utils, errors
-from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.runner import Runner
-from recommendation import constants, data_preprocessing, movielens, ncf_common, neumf_model
-from recommendation.data_preprocessing import PreprocessedData
-from recommendation.neumf_model import NeuMF
+from official.core import distribution_utils
+from official.core.model_dir import ModelDirError
+from official.core.runner import Runner
+from official.utils.misc import atomic, errors
+from recommendation.data import constants, data_preprocessing, movielens
+from recommendation.data.data_preprocessing import PreprocessedData
+from recommendation.model import neumf_model
+from recommendation.model.neumf_model import NeuMF
+from recommendation.training import ncf_common
 
 ONNX_FILE = "model.onnx"
 USER_IDS_FILE = "user_ids.txt"

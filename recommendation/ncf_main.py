@@ -27,42 +27,30 @@ import time
 import tensorflow as tf
 from absl import app, flags, logging
 
-from official.utils.logs import mlperf_helper
-from official.utils.logs.logger import BenchmarkLogger
-from official.utils.logs.mlperf_helper import MlperfLogger
-from official.utils.logs.summaries import ScalarSummaries
-from official.utils.misc import (
-    atomic,
-    distribution_utils,
-    errors,
-    model_dir,
-    precision,
-    signals,
-    writer_lease,
-)
-from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.progress import ProgressBar
-from official.utils.misc.runner import (
+from official.core import distribution_utils, model_dir, precision, signals, writer_lease
+from official.core.model_dir import ModelDirError
+from official.core.runner import (
     BEST_FOLDER,
     Mode,
     Runner,
     completed_epochs_of,
     restore_model,
 )
-from recommendation import (
-    constants,
-    data_pipeline,
-    data_preprocessing,
-    export,
-    mlperf_tags,
-    movielens,
-    ncf_common,
-    neumf_model,
-    run_folder,
-)
-from recommendation.data_preprocessing import PreprocessedData
-from recommendation.ncf_common import NcfConfig
-from recommendation.run_folder import EvalInfo, GenerationParams
+from official.utils.logs import mlperf_helper
+from official.utils.logs.logger import BenchmarkLogger
+from official.utils.logs.mlperf_helper import MlperfLogger
+from official.utils.logs.summaries import ScalarSummaries
+from official.utils.misc import atomic, errors
+from official.utils.misc.progress import ProgressBar
+from recommendation import export
+from recommendation.data import constants, data_preprocessing, movielens
+from recommendation.data.data_preprocessing import PreprocessedData
+from recommendation.mlperf import mlperf_tags
+from recommendation.model import neumf_model
+from recommendation.producer import data_pipeline, run_folder
+from recommendation.producer.run_folder import EvalInfo, GenerationParams
+from recommendation.training import ncf_common
+from recommendation.training.ncf_common import NcfConfig
 
 VALIDATION_HISTORY_FILE = "validation_history.json"  # in model_dir
 

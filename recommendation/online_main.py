@@ -28,6 +28,8 @@ import redis
 import tensorflow as tf
 from absl import app, flags, logging
 
+from official.core import model_dir, writer_lease
+from official.core.model_dir import ModelDirError
 from official.utils.flags import core
 from official.utils.flags.core import (
     NON_NEGATIVE,
@@ -38,13 +40,12 @@ from official.utils.flags.core import (
     Rule,
 )
 from official.utils.logs.summaries import ScalarSummaries
-from official.utils.misc import atomic, errors, model_dir, writer_lease
-from official.utils.misc.model_dir import ModelDirError
-from recommendation import ncf_common
+from official.utils.misc import atomic, errors
 from recommendation.online import callbacks, eviction, online_ncf, sources
 from recommendation.online.event_stream import EventStream
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, RecModel
+from recommendation.training import ncf_common
 
 
 @dataclasses.dataclass(frozen=True)

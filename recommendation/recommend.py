@@ -27,8 +27,9 @@ import tensorflow as tf
 from absl import app, flags
 
 from official.utils.misc import atomic, errors
-from recommendation import export, movie_titles, movielens
-from recommendation.movielens import DataError
+from recommendation import export
+from recommendation.data import movie_titles, movielens
+from recommendation.data.movielens import DataError
 from recommendation.online import versioned_export
 
 _USER_IDS_HINT = os.path.join("assets", export.USER_IDS_FILE)

@@ -57,7 +57,7 @@ echo "| (a) training throughput, MLPerf model size | $THROUGHPUT |" >> "$TABLE"
 # (b) The ml-20m-shaped run, end to end.
 RATINGS="$WORK/data/ml-20m/ratings.csv"
 if [[ ! -f "$RATINGS" ]]; then
-  "$PYTHON" -m recommendation.synthetic_data --shape ml-20m --data_dir "$WORK/data" \
+  "$PYTHON" -m recommendation.data.synthetic_data --shape ml-20m --data_dir "$WORK/data" \
     > "$WORK/synthetic.log" 2>&1
 fi
 if "$PYTHON" scripts/benchmark_ml20m.py --ratings "$RATINGS" --work_dir "$WORK/ml20m" \

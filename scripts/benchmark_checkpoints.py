@@ -2,7 +2,7 @@
 
     python scripts/benchmark_checkpoints.py --live_ids 1000000
 
-It generates a realistic stream (`recommendation.event_stream_data`: users arriving
+It generates a realistic stream (`recommendation.data.event_stream_data`: users arriving
 throughout with heavy-tailed activity, drifting Zipf items) of --live_ids users, first
 admits every one of its users (one event each, in batches), so that the user table
 holds them all, then trains the stream itself in order with a checkpoint every
@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
-from recommendation import constants, event_stream_data
+from recommendation.data import constants, event_stream_data
 from recommendation.online import callbacks, online_ncf
 from recommendation.online.rec_model import Callback, StreamBatch
 

@@ -26,9 +26,10 @@ import tempfile
 import time
 
 from official.utils.misc import machine
-from recommendation import data_async_generation as generation
-from recommendation import data_pipeline, data_preprocessing, run_folder, stat_utils
-from recommendation.data_preprocessing import DataConfig
+from recommendation.data import data_preprocessing
+from recommendation.data.data_preprocessing import DataConfig
+from recommendation.producer import data_async_generation as generation
+from recommendation.producer import data_pipeline, run_folder, stat_utils
 
 _DATASET_BY_FILE = {"ratings.dat": "ml-1m", "ratings.csv": "ml-20m", "u.data": "ml-100k"}
 

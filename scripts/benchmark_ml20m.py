@@ -12,7 +12,7 @@ producer (their VmHWM, read every second), the checkpoint's size, the MLPerf
 compliance log's events, and the projected wall time of the flagfile's 14 epochs.
 
 The real ml-20m is not downloadable from the machines this was written on; make the
-file with ``python -m recommendation.synthetic_data --shape ml-20m --data_dir DIR``.
+file with ``python -m recommendation.data.synthetic_data --shape ml-20m --data_dir DIR``.
 
     python scripts/benchmark_ml20m.py --ratings /tmp/bench/ml-20m/ratings.csv \\
         --work_dir /tmp/bench/ml20m-run --train_epochs 2
@@ -34,8 +34,8 @@ import time
 from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BENCHMARK_LOG_FILE
 from official.utils.misc import machine
-from recommendation import data_preprocessing
-from recommendation.data_preprocessing import DataConfig
+from recommendation.data import data_preprocessing
+from recommendation.data.data_preprocessing import DataConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGFILE = os.path.join(ROOT, "scripts", "mlperf_ml20m.flags")

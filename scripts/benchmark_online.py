@@ -59,17 +59,14 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import replay_events  # noqa: E402  (a sibling script)
 
-from recommendation import (  # noqa: E402
-    data_async_generation,
-    data_preprocessing,
-    movielens,
-    ncf_main,
-    neumf_model,
-)
-from recommendation.data_preprocessing import DataConfig  # noqa: E402
-from recommendation.ncf_common import NcfConfig  # noqa: E402
+from recommendation import ncf_main
+from recommendation.data import data_preprocessing, movielens
+from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
+from recommendation.model import neumf_model
 from recommendation.online import sources, versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
+from recommendation.producer import data_async_generation  # noqa: E402
+from recommendation.training.ncf_common import NcfConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS

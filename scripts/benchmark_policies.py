@@ -1,5 +1,5 @@
 """Which eviction policy to use: each policy at capacities below and at the stream's
-distinct users, on a realistic stream (`recommendation.event_stream_data`).
+distinct users, on a realistic stream (`recommendation.data.event_stream_data`).
 
     python scripts/benchmark_policies.py --num_users 2000000 --num_items 50000 \\
         --num_events 10000000
@@ -25,7 +25,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import online_runs  # noqa: E402  (a sibling script)
 
-from recommendation import event_stream_data  # noqa: E402
+from recommendation.data import event_stream_data  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_users", 2_000_000, "Distinct users of the stream.")

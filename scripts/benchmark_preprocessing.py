@@ -91,7 +91,7 @@ def _is_dat(path: str) -> bool:
 def run_ours(ratings: str, ml_perf: bool, progress: Progress) -> dict:
     """Times our reader and `preprocess`; returns timings and the split to compare."""
     # Imported here, not at the top, so the reference's process never loads TensorFlow.
-    from recommendation import data_preprocessing, movielens, ratings_readers
+    from recommendation.data import data_preprocessing, movielens, ratings_readers
 
     file_format = movielens.DAT_FORMAT if _is_dat(ratings) else movielens.CSV_FORMAT
     progress.event(event="start", time=time.time())
@@ -112,7 +112,7 @@ def run_ours(ratings: str, ml_perf: bool, progress: Progress) -> dict:
 
 def run_cache(dataset: str, work_dir: str, progress: Progress) -> dict:
     """Times one `load_or_build` call against the cache in `work_dir`."""
-    from recommendation import data_preprocessing
+    from recommendation.data import data_preprocessing
 
     config = data_preprocessing.DataConfig(
         dataset=dataset,
@@ -557,7 +557,7 @@ def main() -> None:
         child_main(args)
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from recommendation import movielens  # only to check the registry; children time work
+    from recommendation.data import movielens  # only to check the registry; children time work
 
     info = movielens.dataset_info(args.dataset)
     wanted = movielens.DAT_FORMAT if _is_dat(args.ratings) else movielens.CSV_FORMAT

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import online_runs  # noqa: E402  (sibling scripts)
 import replay_events  # noqa: E402
 
-from recommendation import neumf_model  # noqa: E402
+from recommendation.model import neumf_model  # noqa: E402
 from recommendation.online.hash_embedding import HashEmbedding  # noqa: E402
 
 FLAGS = flags.FLAGS

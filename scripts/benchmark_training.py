@@ -49,7 +49,7 @@ import tempfile
 import time
 
 from official.utils.misc import machine  # no TensorFlow import
-from recommendation.constants import TEST_SPLIT
+from recommendation.data.constants import TEST_SPLIT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]

@@ -34,7 +34,8 @@ import tempfile
 from absl import flags
 
 from official.utils.misc import machine
-from recommendation import ncf_common, ncf_main
+from recommendation import ncf_main
+from recommendation.training import ncf_common
 
 # Categories in order of precedence: the first whose test an op meets takes it.
 CATEGORIES = (

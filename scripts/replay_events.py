@@ -27,7 +27,7 @@ import redis
 import tensorflow as tf
 from absl import app, flags, logging
 
-from recommendation import movielens, ratings_readers
+from recommendation.data import movielens, ratings_readers
 
 _FORMATS = {
     "dat": movielens.DAT_FORMAT,

@@ -25,11 +25,14 @@ import pytest
 import redis
 import tensorflow as tf
 
-from official.utils.misc.runner import Runner
-from recommendation import data_pipeline, data_preprocessing, ncf_main, neumf_model, synthetic_data
-from recommendation.data_preprocessing import DataConfig, PreprocessedData
-from recommendation.ncf_common import NcfConfig
-from recommendation.neumf_model import ModelParams
+from official.core.runner import Runner
+from recommendation import ncf_main
+from recommendation.data import data_preprocessing, synthetic_data
+from recommendation.data.data_preprocessing import DataConfig, PreprocessedData
+from recommendation.model import neumf_model
+from recommendation.model.neumf_model import ModelParams
+from recommendation.producer import data_pipeline
+from recommendation.training.ncf_common import NcfConfig
 
 # A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored,
 # and the product rightly keeps an ignored SIGINT ignored: the tests that send Ctrl-C

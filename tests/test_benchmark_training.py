@@ -127,7 +127,7 @@ def test_the_mf_part_overrides_the_paper_flags_with_its_recipe(script):
     # example: a rate of 0.008 x the batch on ncf-main's batch-mean loss.
     from absl import flags
 
-    from recommendation import ncf_common
+    from recommendation.training import ncf_common
 
     flag_values = flags.FlagValues()
     ncf_common.define_ncf_flags(flag_values)
@@ -159,7 +159,7 @@ def test_each_throughput_row_runs_the_configuration_it_names(script):
     # the flags left unset: a row without XLA in its name must run without it.
     from absl import flags
 
-    from recommendation import ncf_common
+    from recommendation.training import ncf_common
 
     for name, extra in script.THROUGHPUT_ROWS:
         flag_values = flags.FlagValues()

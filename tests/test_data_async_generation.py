@@ -7,7 +7,8 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from recommendation import data_async_generation, data_preprocessing, stat_utils, synthetic_data
+from recommendation.data import data_preprocessing, synthetic_data
+from recommendation.producer import data_async_generation, stat_utils
 
 SPEC = synthetic_data.SyntheticSpec(num_users=120, num_items=90, num_ratings=4000)
 

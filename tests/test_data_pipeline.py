@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from official.core import signals
 from official.utils.logs import mlperf_helper
-from official.utils.misc import signals
-from recommendation import constants, data_pipeline, data_preprocessing, run_folder, synthetic_data
-from recommendation.data_async_generation import Producer
-from recommendation.data_pipeline import ProducerError, ProducerHandle
-from recommendation.run_folder import GenerationParams
+from recommendation.data import constants, data_preprocessing, synthetic_data
+from recommendation.producer import data_pipeline, run_folder
+from recommendation.producer.data_async_generation import Producer
+from recommendation.producer.data_pipeline import ProducerError, ProducerHandle
+from recommendation.producer.run_folder import GenerationParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = synthetic_data.SyntheticSpec(num_users=200, num_items=150, num_ratings=8000)
@@ -227,9 +228,10 @@ def test_crashing_producer_reports_status_and_log(tmp_path):
 
 _TRAINER = textwrap.dedent("""
     import sys
-    from official.utils.misc import errors, signals
-    from recommendation.data_pipeline import ProducerHandle
-    from recommendation.run_folder import GenerationParams
+    from official.utils.misc import errors
+    from official.core import signals
+    from recommendation.producer.data_pipeline import ProducerHandle
+    from recommendation.producer.run_folder import GenerationParams
     params = GenerationParams(cache_path=sys.argv[1], batch_size=512, eval_users_per_batch=10,
                               num_neg=4, num_eval_negatives=9, epochs_per_cycle=(1,) * 9,
                               seed=1)
@@ -336,7 +338,7 @@ def test_a_producer_whose_trainer_is_already_gone_cleans_up_and_exits(tmp_path):
         [
             sys.executable,
             "-m",
-            "recommendation.data_async_generation",
+            "recommendation.producer.data_async_generation",
             f"--run_dir={run_dir}",
             f"--trainer_pid={gone.pid}",
         ],

@@ -17,10 +17,10 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_ROWS, write_movielens
 
-from recommendation import data_preprocessing, movielens, ratings_readers, synthetic_data
-from recommendation.data_preprocessing import DataConfig
-from recommendation.movielens import DataError
-from recommendation.ratings_readers import RawRatings
+from recommendation.data import data_preprocessing, movielens, ratings_readers, synthetic_data
+from recommendation.data.data_preprocessing import DataConfig
+from recommendation.data.movielens import DataError
+from recommendation.data.ratings_readers import RawRatings
 
 
 def _raw(rows) -> RawRatings:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from official.core.model_dir import ModelDirError
 from official.utils.misc import atomic
-from official.utils.misc.model_dir import ModelDirError
-from recommendation import constants
+from recommendation.data import constants
 from recommendation.online import callbacks, delta_checkpoints, id_index, online_ncf
 from recommendation.online.rec_model import StreamBatch
 

@@ -25,10 +25,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _RUN = textwrap.dedent("""
     import sys
     import numpy as np
-    from recommendation import ncf_main, synthetic_data
-    from recommendation.data_preprocessing import DataConfig
-    from recommendation.ncf_common import NcfConfig
-    from recommendation.neumf_model import ModelParams
+    from recommendation import ncf_main
+    from recommendation.data import synthetic_data
+    from recommendation.data.data_preprocessing import DataConfig
+    from recommendation.training.ncf_common import NcfConfig
+    from recommendation.model.neumf_model import ModelParams
 
     strategy, hosts, index, model_dir, out = sys.argv[1:6]
     spec = synthetic_data.SyntheticSpec(num_users=200, num_items=150, num_ratings=8000)
@@ -117,7 +118,7 @@ def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
 def test_thread_counts_are_set_before_tensorflow_starts_and_refused_after():
     script = textwrap.dedent("""
         import tensorflow as tf
-        from official.utils.misc import distribution_utils
+        from official.core import distribution_utils
         distribution_utils.configure_threads(inter_op=2, intra_op=3)
         tf.constant(1.0) + 1.0  # TensorFlow starts with those pools
         threading = tf.config.threading
@@ -146,8 +147,9 @@ _ACCELERATOR_PATH = textwrap.dedent("""
     import keras
     sys.path.insert(0, sys.argv[1])
     from conftest import TINY_PARAMS
-    from official.utils.misc.runner import Runner
-    from recommendation import data_pipeline, neumf_model
+    from official.core.runner import Runner
+    from recommendation.producer import data_pipeline
+    from recommendation.model import neumf_model
 
     def input_fn():  # 128 points: the 90 table rows are fewer than 2 x 64 per replica
         return data_pipeline.synthetic_train_input_fn(128, 50, 40, seed=3)

@@ -20,21 +20,14 @@ from conftest import (
     write_movielens,
 )
 
-from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.runner import completed_epochs_of
-from recommendation import (
-    constants,
-    data_async_generation,
-    data_pipeline,
-    data_preprocessing,
-    export,
-    ncf_main,
-    run_folder,
-    stat_utils,
-)
-from recommendation.data_preprocessing import DataConfig
-from recommendation.movielens import DataError
-from recommendation.run_folder import EvalInfo
+from official.core.model_dir import ModelDirError
+from official.core.runner import completed_epochs_of
+from recommendation import export, ncf_main
+from recommendation.data import constants, data_preprocessing
+from recommendation.data.data_preprocessing import DataConfig
+from recommendation.data.movielens import DataError
+from recommendation.producer import data_async_generation, data_pipeline, run_folder, stat_utils
+from recommendation.producer.run_folder import EvalInfo
 
 VALIDATION = "validation"  # the --eval_split value
 

@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from recommendation import constants
+from recommendation.data import constants
 from recommendation.online import sources
 from recommendation.online.event_stream import EventStream
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from conftest import run_module, the_error_line
 
-from recommendation import event_stream_data
-from recommendation.event_stream_data import EventStreamSpec
-from recommendation.movielens import DataError
+from recommendation.data import event_stream_data
+from recommendation.data.event_stream_data import EventStreamSpec
+from recommendation.data.movielens import DataError
 from recommendation.online import sources
 
 SMALL = EventStreamSpec(num_users=2000, num_items=1000, num_events=50_000)
@@ -164,7 +164,7 @@ def test_bad_file_counts_and_folders_are_rejected(tmp_path):
 def test_cli_writes_csv_event_files(tmp_path):
     folder = tmp_path / "events"
     result = run_module(
-        "recommendation.event_stream_data",
+        "recommendation.data.event_stream_data",
         f"--events_dir={folder}",
         "--num_users=300",
         "--num_items=100",
@@ -186,7 +186,7 @@ def test_cli_writes_csv_event_files(tmp_path):
 
 def test_cli_refuses_bad_sizes_with_one_error_line(tmp_path):
     result = run_module(
-        "recommendation.event_stream_data",
+        "recommendation.data.event_stream_data",
         f"--events_dir={tmp_path / 'events'}",
         "--num_users=300",
         "--num_events=100",

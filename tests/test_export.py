@@ -22,8 +22,9 @@ from conftest import (
     truncate_half,
 )
 
-from official.utils.misc.model_dir import ModelDirError
-from recommendation import constants, export
+from official.core.model_dir import ModelDirError
+from recommendation import export
+from recommendation.data import constants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

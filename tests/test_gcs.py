@@ -305,12 +305,12 @@ def test_a_second_writer_of_a_gcs_model_dir_is_refused(gcs):
     and found there by a second process, which is refused; released, it is taken."""
     script = """
 import json, subprocess, sys, tensorflow as tf
-from official.utils.misc import writer_lease
-from official.utils.misc.model_dir import ModelDirError
+from official.core import writer_lease
+from official.core.model_dir import ModelDirError
 folder = "gs://bucket/leased"
 hold = (
     "import sys\\n"
-    "from official.utils.misc import writer_lease\\n"
+    "from official.core import writer_lease\\n"
     "with writer_lease.hold(sys.argv[1], 'ncf-online'):\\n"
     "    print('held', flush=True)\\n"
     "    sys.stdin.read()\\n"

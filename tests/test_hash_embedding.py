@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recommendation import neumf_model
+from recommendation.model import neumf_model
 from recommendation.online.eviction import CandidatePool, parse_policy
 from recommendation.online.hash_embedding import HashEmbedding
 

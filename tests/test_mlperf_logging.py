@@ -18,13 +18,15 @@ from absl import flags
 from conftest import TINY_NCF_MAIN_FLAGS
 from mlperf_logging import compliance_checker
 
+from official.core import signals
 from official.utils.flags import mlperf as mlperf_flags
 from official.utils.logs import mlperf_helper
-from official.utils.misc import signals
-from recommendation import mlperf_tags, ncf_main, synthetic_data
-from recommendation.data_preprocessing import DataConfig
-from recommendation.ncf_common import NcfConfig
-from recommendation.neumf_model import ModelParams
+from recommendation import ncf_main
+from recommendation.data import synthetic_data
+from recommendation.data.data_preprocessing import DataConfig
+from recommendation.mlperf import mlperf_tags
+from recommendation.model.neumf_model import ModelParams
+from recommendation.training.ncf_common import NcfConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = os.path.join(ROOT, "recommendation", "mlperf", "ncf_rules.yaml")

@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_input_fn
 
-from official.utils.misc import model_dir, precision
-from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.runner import Runner
-from recommendation import constants
+from official.core import model_dir, precision
+from official.core.model_dir import ModelDirError
+from official.core.runner import Runner
+from recommendation.data import constants
 from recommendation.online import callbacks, online_ncf
 from recommendation.online.rec_model import StreamBatch
 

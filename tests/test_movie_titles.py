@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import write_movies
 
-from recommendation import movie_titles
-from recommendation.movielens import DataError
+from recommendation.data import movie_titles
+from recommendation.data.movielens import DataError
 
 TITLES = {1: "Toy Story (1995)", 29: "City of Lost Children, The (Cité des enfants, La) (1995)"}
 

@@ -22,8 +22,8 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_ROWS
 
-from recommendation import movielens, ratings_readers
-from recommendation.movielens import DataError
+from recommendation.data import movielens, ratings_readers
+from recommendation.data.movielens import DataError
 
 
 def test_unknown_dataset_lists_choices():

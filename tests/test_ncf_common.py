@@ -9,8 +9,9 @@ from absl import flags
 
 from official.utils.flags import core, mlperf
 from official.utils.logs.mlperf_helper import MlperfOptions
-from recommendation import movielens, ncf_common, ratings_readers
-from recommendation.ncf_common import NcfConfig
+from recommendation.data import movielens, ratings_readers
+from recommendation.training import ncf_common
+from recommendation.training.ncf_common import NcfConfig
 
 
 def _parse(*args: str, define=ncf_common.define_ncf_flags) -> flags.FlagValues:

@@ -24,12 +24,15 @@ from conftest import (
     tiny_ncf_config,
 )
 
+from official.core import model_dir
+from official.core.model_dir import ModelDirError
 from official.utils.logs import mlperf_helper
 from official.utils.logs.mlperf_helper import MlperfOptions
-from official.utils.misc import machine, model_dir
-from official.utils.misc.model_dir import ModelDirError
-from recommendation import data_pipeline, ncf_main, neumf_model
-from recommendation.ncf_common import NcfConfig
+from official.utils.misc import machine
+from recommendation import ncf_main
+from recommendation.model import neumf_model
+from recommendation.producer import data_pipeline
+from recommendation.training.ncf_common import NcfConfig
 
 
 def _config(tmp_path, **overrides) -> NcfConfig:

@@ -11,9 +11,10 @@ import pytest
 import tensorflow as tf
 from absl.testing import parameterized
 
-from official.utils.misc.runner import Mode, ModelState
-from recommendation import constants, neumf_model
-from recommendation.neumf_model import ModelParams
+from official.core.runner import Mode, ModelState
+from recommendation.data import constants
+from recommendation.model import neumf_model
+from recommendation.model.neumf_model import ModelParams
 
 LN2 = math.log(2)
 

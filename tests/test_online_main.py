@@ -21,9 +21,10 @@ import tensorflow as tf
 from absl import flags as absl_flags
 
 from official.utils.flags import core
-from recommendation import ncf_common, online_main
+from recommendation import online_main
 from recommendation.online import callbacks, online_ncf, versioned_export
 from recommendation.online_main import OnlineConfig
+from recommendation.training import ncf_common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 64

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from recommendation import constants
+from recommendation.data import constants
 from recommendation.online import online_ncf
 from recommendation.online.hash_embedding import HashEmbedding
 

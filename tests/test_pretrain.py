@@ -12,10 +12,13 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_NCF_MAIN_FLAGS, TINY_PARAMS, run_module, tiny_ncf_config
 
-from official.utils.misc import distribution_utils
-from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.runner import Runner
-from recommendation import constants, data_pipeline, ncf_main, neumf_model
+from official.core import distribution_utils
+from official.core.model_dir import ModelDirError
+from official.core.runner import Runner
+from recommendation import ncf_main
+from recommendation.data import constants
+from recommendation.model import neumf_model
+from recommendation.producer import data_pipeline
 
 GMF, MLP, NEUMF, MF = "gmf", "mlp", "neumf", "mf"  # --model
 

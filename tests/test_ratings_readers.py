@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from conftest import TINY_ROWS, write_movielens
 
-from recommendation import movielens, ratings_readers
-from recommendation.movielens import DataError
+from recommendation.data import movielens, ratings_readers
+from recommendation.data.movielens import DataError
 
 
 @pytest.mark.parametrize(

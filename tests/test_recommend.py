@@ -19,7 +19,7 @@ from conftest import (
 )
 
 from recommendation import export, recommend
-from recommendation.movielens import DataError
+from recommendation.data.movielens import DataError
 from recommendation.online import online_ncf, versioned_export
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recommendation import constants, run_folder
-from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams
+from recommendation.data import constants
+from recommendation.producer import run_folder
+from recommendation.producer.run_folder import CycleInfo, EvalInfo, GenerationParams
 
 
 def test_ready_files_hold_everything_but_the_location_and_read_back(tmp_path):

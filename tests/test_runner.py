@@ -11,10 +11,12 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_input_fn
 
-from official.utils.misc import signals
-from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.runner import Mode, Runner
-from recommendation import constants, data_pipeline, neumf_model
+from official.core import signals
+from official.core.model_dir import ModelDirError
+from official.core.runner import Mode, Runner
+from recommendation.data import constants
+from recommendation.model import neumf_model
+from recommendation.producer import data_pipeline
 
 
 def _weights(runner: Runner) -> list[np.ndarray]:

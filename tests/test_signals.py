@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from official.utils.misc import signals
+from official.core import signals
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

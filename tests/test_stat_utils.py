@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from recommendation import stat_utils
+from recommendation.producer import stat_utils
 
 
 def _index(rows: list[list[int]], num_items: int) -> stat_utils.ExclusionIndex:

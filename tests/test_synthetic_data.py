@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recommendation import movielens, ratings_readers, synthetic_data
-from recommendation.movielens import DataError
-from recommendation.synthetic_data import SyntheticSpec
+from recommendation.data import movielens, ratings_readers, synthetic_data
+from recommendation.data.movielens import DataError
+from recommendation.data.synthetic_data import SyntheticSpec
 
 SMALL = SyntheticSpec(num_users=400, num_items=300, num_ratings=30_000)
 

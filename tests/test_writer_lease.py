@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT, TINY_NCF_MAIN_FLAGS, the_error_line, tiny_runner
 
-from official.utils.misc import writer_lease
-from official.utils.misc.model_dir import ModelDirError
-from official.utils.misc.writer_lease import LEASE_FILE
+from official.core import writer_lease
+from official.core.model_dir import ModelDirError
+from official.core.writer_lease import LEASE_FILE
 
 HOST = socket.gethostname()
 SINCE = r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
@@ -153,8 +153,8 @@ def test_of_processes_starting_together_one_wins(tmp_path):
     go = tmp_path / "go"
     script = (
         "import os, sys, time\n"
-        "from official.utils.misc import writer_lease\n"
-        "from official.utils.misc.model_dir import ModelDirError\n"
+        "from official.core import writer_lease\n"
+        "from official.core.model_dir import ModelDirError\n"
         "print('ready', flush=True)\n"
         "while not os.path.exists(sys.argv[2]):\n"
         "    time.sleep(0.001)\n"

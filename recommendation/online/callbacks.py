@@ -13,8 +13,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from official.core import model_dir, writer_lease
 from official.utils.logs.summaries import ScalarSummaries
-from official.utils.misc import model_dir, writer_lease
 from official.utils.misc.write_failures import WriteFailures
 from recommendation.online import delta_checkpoints, versioned_export
 from recommendation.online.online_ncf import OnlineNeuMF

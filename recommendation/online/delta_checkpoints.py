@@ -34,8 +34,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import atomic, errors, model_dir
-from official.utils.misc.model_dir import ModelDirError
+from official.core import model_dir
+from official.core.model_dir import ModelDirError
+from official.utils.misc import atomic, errors
 
 MANIFEST = "deltas.json"
 _PREFIX = "delta-"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from recommendation import constants
+from recommendation.data import constants
 from recommendation.online.rec_model import StreamBatch
 
 

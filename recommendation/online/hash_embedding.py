@@ -33,7 +33,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from recommendation import neumf_model
+from recommendation.model import neumf_model
 from recommendation.online import id_index
 from recommendation.online.eviction import (
     CandidatePool,

@@ -25,7 +25,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from recommendation import constants, neumf_model
+from recommendation.data import constants
+from recommendation.model import neumf_model
 from recommendation.online.hash_embedding import HashEmbedding
 from recommendation.online.rec_model import RecModel
 

@@ -55,9 +55,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import precision, signals
-from official.utils.misc.runner import sum_over_steps, without_autotuning
-from recommendation import neumf_model
+from official.core import precision, signals
+from official.core.runner import sum_over_steps, without_autotuning
+from recommendation.model import neumf_model
 
 AMP_LEVELS = ("O0", "O2", "O3", "auto")
 BOOST_LEVELS = ("O0", "O1", "O2")

@@ -10,7 +10,7 @@ reference logged; the logger writes one of
 
 Keys are mllog's (`mllog.constants` where it has one, the v0.5 tag where only v0.5
 had one). v0.5 had a tag set per benchmark, which the benchmark passes in (a
-`V05TagSet`; NCF's is `recommendation.mlperf_tags`): the v0.5 writer renames the keys
+`V05TagSet`; NCF's is `recommendation.mlperf.mlperf_tags`): the v0.5 writer renames the keys
 its set names differently, turns ``epoch_num`` metadata into ``{"epoch", "value"}``
 values, writes only the tags of the set and ends the log with ``run_final``.
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from official.utils.misc import signals
+from official.core import signals
 
 
 def os_message(error: Exception) -> str:

@@ -29,8 +29,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import distribution_utils, signals, writer_lease
-from official.utils.misc.model_dir import ModelDirError, restore_latest, save_checkpoint
+from official.core import distribution_utils, signals, writer_lease
+from official.core.model_dir import ModelDirError, restore_latest, save_checkpoint
 
 BEST_FOLDER = "best"  # under model_dir: the checkpoint `Runner.save_best` keeps
 

@@ -1,6 +1,6 @@
 """The data producer: samples negatives and writes training cycles and the eval set.
 
-Runs as its own process (``python -m recommendation.data_async_generation --run_dir
+Runs as its own process (``python -m recommendation.producer.data_async_generation --run_dir
 DIR``), started by the trainer (`data_pipeline.ProducerHandle`), so sampling overlaps
 training. What it reads and writes in the run folder, and in which order, is the
 protocol of `run_folder`.
@@ -28,9 +28,11 @@ from absl import app, flags, logging
 
 from official.utils.logs import mlperf_helper
 from official.utils.misc import atomic, errors
-from recommendation import constants, data_preprocessing, mlperf_tags, run_folder, stat_utils
-from recommendation.data_preprocessing import PreprocessedData
-from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams, RecordField
+from recommendation.data import constants, data_preprocessing
+from recommendation.data.data_preprocessing import PreprocessedData
+from recommendation.mlperf import mlperf_tags
+from recommendation.producer import run_folder, stat_utils
+from recommendation.producer.run_folder import CycleInfo, EvalInfo, GenerationParams, RecordField
 
 # Stream tags of `stat_utils.rng_for`, one per kind of random work.
 _NEGATIVES, _SHUFFLE, _EVAL, _BUCKET, _VALIDATION = 1, 2, 3, 4, 5

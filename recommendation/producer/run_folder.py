@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from official.utils.logs import mlperf_helper
 from official.utils.misc import atomic
-from recommendation import constants
+from recommendation.data import constants
 
 RUNS_FOLDER = "runs"  # under the cache dir: the run folders of every trainer using it
 ALIVE_FILE = "alive.json"  # producer: I am running

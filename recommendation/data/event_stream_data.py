@@ -1,7 +1,7 @@
 """A deterministic online event stream (user, item, timestamp) for sizing hash tables
-and choosing their eviction policy: ``python -m recommendation.event_stream_data``.
+and choosing their eviction policy: ``python -m recommendation.data.event_stream_data``.
 
-    python -m recommendation.event_stream_data --events_dir DIR --num_users 2000000 \\
+    python -m recommendation.data.event_stream_data --events_dir DIR --num_users 2000000 \\
         --num_items 50000 --num_events 10000000 --seed 0 --files 10
 
 writes ``DIR/events-00000.csv``... (``user,item,timestamp`` with a header, the layout
@@ -51,11 +51,11 @@ from absl import app, flags
 
 from official.utils.misc import atomic
 from official.utils.misc.progress import ProgressBar
-from recommendation import synthetic_data
-from recommendation.movielens import DataError
+from recommendation.data import synthetic_data
+from recommendation.data.movielens import DataError
+from recommendation.data.ratings_readers import RawRatings
+from recommendation.data.synthetic_data import SyntheticSpec, SyntheticTruth
 from recommendation.online.sources import FIELDS, MAX_ID
-from recommendation.ratings_readers import RawRatings
-from recommendation.synthetic_data import SyntheticSpec, SyntheticTruth
 
 _BLOCK_EVENTS = 1 << 17  # events generated per block of users (on average)
 FILE_EVENTS = 1_000_000  # events per file when the number of files is not given

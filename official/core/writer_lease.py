@@ -42,8 +42,8 @@ from collections.abc import Iterator
 import tensorflow as tf
 from absl import logging
 
+from official.core.model_dir import ModelDirError
 from official.utils.misc import atomic
-from official.utils.misc.model_dir import ModelDirError
 
 LEASE_FILE = "writer_lease.json"
 RENEW_SECONDS = 10.0

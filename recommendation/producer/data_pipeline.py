@@ -27,10 +27,12 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import atomic, errors, signals
-from official.utils.misc.runner import without_autotuning
-from recommendation import constants, data_async_generation, run_folder
-from recommendation.run_folder import CycleInfo, EvalInfo, GenerationParams
+from official.core import signals
+from official.core.runner import without_autotuning
+from official.utils.misc import atomic, errors
+from recommendation.data import constants
+from recommendation.producer import data_async_generation, run_folder
+from recommendation.producer.run_folder import CycleInfo, EvalInfo, GenerationParams
 
 _STARTUP_TIMEOUT_SEC = 120.0
 PREFETCH_BATCHES = 2  # batches decoded ahead of the step that needs them
@@ -121,7 +123,7 @@ class ProducerHandle:
                     [
                         sys.executable,
                         "-m",
-                        "recommendation.data_async_generation",
+                        "recommendation.producer.data_async_generation",
                         f"--run_dir={self.run_dir}",
                         f"--trainer_pid={os.getpid()}",
                     ],

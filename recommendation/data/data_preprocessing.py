@@ -42,9 +42,9 @@ import tensorflow as tf
 from absl import logging
 
 from official.utils.misc import atomic
-from recommendation import constants, movielens, ratings_readers, synthetic_data
-from recommendation.movielens import DataError
-from recommendation.ratings_readers import RawRatings
+from recommendation.data import constants, movielens, ratings_readers, synthetic_data
+from recommendation.data.movielens import DataError
+from recommendation.data.ratings_readers import RawRatings
 
 CACHE_FILE = "ncf_cache.npz"
 CACHE_METADATA_FILE = "ncf_cache.json"

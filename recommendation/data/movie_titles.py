@@ -9,8 +9,8 @@ import io
 
 import tensorflow as tf
 
-from recommendation.movielens import DataError
-from recommendation.ratings_readers import require_file
+from recommendation.data.movielens import DataError
+from recommendation.data.ratings_readers import require_file
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ with the exponential-race form of weighted sampling without replacement (the `k`
 largest ``w_i / E_i``, ``E_i ~ Exp(1)``), one block of users at a time, so the
 ml-20m-shaped file (20 M rows) is made in bounded memory.
 
-Run ``python -m recommendation.synthetic_data --shape ml-20m --data_dir DIR`` to write
+Run ``python -m recommendation.data.synthetic_data --shape ml-20m --data_dir DIR`` to write
 ``DIR/ml-20m/ratings.csv`` in the ml-20m file format for scale benchmarks.
 """
 
@@ -26,9 +26,9 @@ from absl import app, flags, logging
 
 from official.utils.misc import atomic
 from official.utils.misc.progress import ProgressBar
-from recommendation import constants
-from recommendation.movielens import DataError
-from recommendation.ratings_readers import RawRatings
+from recommendation.data import constants
+from recommendation.data.movielens import DataError
+from recommendation.data.ratings_readers import RawRatings
 
 # Seconds of the first and last MovieLens-1M ratings: synthetic times fall in between.
 _FIRST_TIMESTAMP = 956_703_932

@@ -21,9 +21,9 @@ from official.utils import flags as flags_core
 from official.utils.flags import core
 from official.utils.flags.core import NON_NEGATIVE, POSITIVE, Check, FlagSpec, Rule
 from official.utils.logs.mlperf_helper import MlperfOptions
-from recommendation import constants, movielens, ratings_readers
-from recommendation.data_preprocessing import DataConfig
-from recommendation.neumf_model import EMBEDDING_INITS, MODEL_KINDS, OPTIMIZERS, ModelParams
+from recommendation.data import constants, movielens, ratings_readers
+from recommendation.data.data_preprocessing import DataConfig
+from recommendation.model.neumf_model import EMBEDDING_INITS, MODEL_KINDS, OPTIMIZERS, ModelParams
 
 
 @dataclasses.dataclass(frozen=True)

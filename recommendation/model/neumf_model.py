@@ -21,9 +21,9 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from official.utils.misc import precision
-from official.utils.misc.runner import Mode, ModelSpec, ModelState
-from recommendation import constants
+from official.core import precision
+from official.core.runner import Mode, ModelSpec, ModelState
+from recommendation.data import constants
 
 # What NeuMF scores with: both parts (NeuMF), the NCF paper's GMF or MLP model alone, or
 # MF: GMF with its output weights fixed at 1, a dot product plus a bias (`NeuMF`).

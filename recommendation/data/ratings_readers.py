@@ -22,8 +22,8 @@ import pyarrow.parquet as pa_parquet
 import tensorflow as tf
 
 from official.utils.misc import atomic
-from recommendation import constants, movielens
-from recommendation.movielens import DataError, FileFormat
+from recommendation.data import constants, movielens
+from recommendation.data.movielens import DataError, FileFormat
 
 # The NCF paper's *.rating files have 4 fields upstream (user, item, rating, time), 3 in
 # some copies (no time): 0 = as found.

@@ -1,0 +1,1 @@
+"""Offline NCF training: the flags and the frozen configs built from them."""
