@@ -59,13 +59,13 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import replay_events  # noqa: E402  (a sibling script)
 
-from recommendation import ncf_main
 from recommendation.data import data_preprocessing, movielens
 from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.model import neumf_model
 from recommendation.online import sources, versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
 from recommendation.producer import data_async_generation  # noqa: E402
+from recommendation.training import cycles
 from recommendation.training.ncf_common import NcfConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -480,7 +480,7 @@ def _offline(config: DataConfig, work_dir: str) -> tuple[float, float, str]:
     # The online trainer's defaults: its network is ncf-main's default NeuMF, and each
     # step of batch_size events trains on every event and its num_neg negatives.
     online = OnlineConfig()
-    summary = ncf_main.run(
+    summary = cycles.run(
         NcfConfig(
             data=config,
             model_dir=os.path.join(work_dir, "offline"),

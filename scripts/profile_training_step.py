@@ -34,8 +34,7 @@ import tempfile
 from absl import flags
 
 from official.utils.misc import machine
-from recommendation import ncf_main
-from recommendation.training import ncf_common
+from recommendation.training import cycles, ncf_common
 
 # Categories in order of precedence: the first whose test an op meets takes it.
 CATEGORIES = (
@@ -161,7 +160,7 @@ def main() -> None:
         flags.FLAGS(["ncf-main", *flag_line])
         config = ncf_common.ncf_config_from_flags(flags.FLAGS)
         tf.profiler.experimental.start(os.path.join(work, "profile"))
-        summary = ncf_main.run(config).summary
+        summary = cycles.run(config).summary
         tf.profiler.experimental.stop()
         (path,) = glob.glob(os.path.join(work, "profile", "plugins", "profile", "*", "*.xplane.pb"))
         seconds = op_seconds(path, hlo_sources(hlo_dir))

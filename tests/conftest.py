@@ -26,12 +26,12 @@ import redis
 import tensorflow as tf
 
 from official.core.runner import Runner
-from recommendation import ncf_main
 from recommendation.data import data_preprocessing, synthetic_data
 from recommendation.data.data_preprocessing import DataConfig, PreprocessedData
 from recommendation.model import neumf_model
 from recommendation.model.neumf_model import ModelParams
 from recommendation.producer import data_pipeline
+from recommendation.training import cycles
 from recommendation.training.ncf_common import NcfConfig
 
 # A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored,
@@ -460,7 +460,7 @@ class TrainedExport:
 
 @pytest.fixture(scope="session")
 def trained_export(tmp_path_factory) -> TrainedExport:
-    """One `ncf_main.run` (1 epoch) with --export_dir and --export_onnx."""
+    """One `cycles.run` (1 epoch) with --export_dir and --export_onnx."""
     root = tmp_path_factory.mktemp("trained")
     config = tiny_ncf_config(
         root,
@@ -469,7 +469,7 @@ def trained_export(tmp_path_factory) -> TrainedExport:
         export_dir=str(root / "export"),
         export_onnx=True,
     )
-    result = ncf_main.run(config)
+    result = cycles.run(config)
     return TrainedExport(
         export_dir=config.export_dir,
         config=config,

@@ -40,7 +40,7 @@ _RUN = textwrap.dedent("""
         task_index=int(index),
         model=ModelParams(num_users=0, num_items=0, mf_dim=4, layers=(8, 4),
                           mf_regularization=0.001, mlp_regularization=(0.0, 0.0)))
-    result = ncf_main.run(config)
+    result = cycles.run(config)
     weights = result.runner.state.model.get_weights()
     np.savez(out, *weights, hr=result.summary["best_hr"], step=result.runner.global_step)
 """)

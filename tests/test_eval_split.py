@@ -22,12 +22,13 @@ from conftest import (
 
 from official.core.model_dir import ModelDirError
 from official.core.runner import completed_epochs_of
-from recommendation import export, ncf_main
+from recommendation import export
 from recommendation.data import constants, data_preprocessing
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.data.movielens import DataError
 from recommendation.producer import data_async_generation, data_pipeline, run_folder, stat_utils
 from recommendation.producer.run_folder import EvalInfo
+from recommendation.training import cycles, reporting, selection
 
 VALIDATION = "validation"  # the --eval_split value
 
@@ -219,7 +220,7 @@ def _selected(summary: dict) -> tuple:
 def selected_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("selected")
     config = _config(root, export_dir=str(root / "export"))
-    return root, config, ncf_main.run(config)
+    return root, config, cycles.run(config)
 
 
 def _test_metrics(runner, config, pool, root) -> dict:
@@ -227,7 +228,7 @@ def _test_metrics(runner, config, pool, root) -> dict:
     producer's functions and seed), written as the producer writes them, evaluated."""
     data = data_preprocessing.load_or_build(config.data).data
     blocks = data_async_generation.eval_blocks(data, 99, config.seed, pool)
-    users = ncf_main._eval_users_per_batch(config, blocks.block_size, 1, data.num_users)
+    users = cycles._eval_users_per_batch(config, blocks.block_size, 1, data.num_users)
     info = EvalInfo(
         folder=str(root / "recomputed"),
         num_batches=-(-data.num_users // users),
@@ -265,8 +266,8 @@ def test_the_best_validation_epoch_is_restored_and_tested_once(selected_run, poo
     best = tf.train.latest_checkpoint(os.path.join(config.model_dir, "best"))
     assert completed_epochs_of(best) == selected + 1
     data = data_preprocessing.load_or_build(config.data).data
-    last = ncf_main._make_runner(config, data, runner.strategy)  # the latest checkpoint
-    chosen = ncf_main._make_runner(config, data, runner.strategy)
+    last = cycles._make_runner(config, data, runner.strategy)  # the latest checkpoint
+    chosen = cycles._make_runner(config, data, runner.strategy)
     state = chosen.state
     tf.train.Checkpoint(model=state.model, optimizer=state.optimizer).restore(
         epoch_checkpoint
@@ -278,7 +279,7 @@ def test_the_best_validation_epoch_is_restored_and_tested_once(selected_run, poo
     # Its test metrics, recomputed from the restored weights: the reported ones exactly.
     recomputed = _test_metrics(runner, config, pool, tmp_path)
     assert (recomputed["hr"], recomputed["ndcg"]) == (summary["test_hr"], summary["test_ndcg"])
-    assert ncf_main.summary_line(summary, 10).startswith(
+    assert reporting.summary_line(summary, 10).startswith(
         f"selected epoch {selected}: validation HR@10={summary['best_hr']:.4f} NDCG@10="
         f"{summary['best_ndcg']:.4f}; test HR@10={summary['test_hr']:.4f} NDCG@10="
     )
@@ -316,14 +317,14 @@ def test_the_export_holds_the_selected_weights(selected_run):
 
 def test_the_same_seed_selects_the_same_epoch_with_the_same_metrics(selected_run, tmp_path):
     _, _, result = selected_run
-    again = ncf_main.run(_config(tmp_path)).summary
+    again = cycles.run(_config(tmp_path)).summary
     assert _selected(again) == _selected(result.summary)
 
 
 def test_a_resumed_run_selects_over_the_epochs_before_the_restart(selected_run, tmp_path):
     _, _, uninterrupted = selected_run
-    ncf_main.run(_config(tmp_path, train_epochs=3))
-    resumed = ncf_main.run(_config(tmp_path)).summary
+    cycles.run(_config(tmp_path, train_epochs=3))
+    resumed = cycles.run(_config(tmp_path)).summary
     records = _validation_records(tmp_path)  # both runs' evaluations
     hrs = [record["hr"] for record in records]
     assert [record["epoch"] for record in records] == [0, 1, 2, 3]
@@ -331,30 +332,30 @@ def test_a_resumed_run_selects_over_the_epochs_before_the_restart(selected_run, 
     assert resumed["best_epoch"] == hrs.index(max(hrs)) < 3
     assert _selected(resumed) == _selected(uninterrupted.summary)
     # Stopped between a checkpoint and the history: the restored epoch is evaluated again.
-    history_path = tmp_path / "model" / ncf_main.VALIDATION_HISTORY_FILE
+    history_path = tmp_path / "model" / selection.VALIDATION_HISTORY_FILE
     history = json.loads(history_path.read_text())
     history["epochs"] = history["epochs"][:-1]
     history_path.write_text(json.dumps(history))
-    finished = ncf_main.run(_config(tmp_path)).summary
+    finished = cycles.run(_config(tmp_path)).summary
     assert finished["resumed_finished_run"] and _selected(finished) == _selected(resumed)
     assert [e["epoch"] for e in json.loads(history_path.read_text())["epochs"]] == [0, 1, 2, 3]
-    assert "selected on validation" in ncf_main.summary_line(finished, 10)
+    assert "selected on validation" in reporting.summary_line(finished, 10)
 
 
 def test_a_model_dir_of_the_other_split_is_refused(tmp_path):
     tested = _config(tmp_path / "tested", train_epochs=1)
-    ncf_main.run(
+    cycles.run(
         dataclasses.replace(tested, data=dataclasses.replace(tested.data, eval_split="test"))
     )
     with pytest.raises(ModelDirError, match="holds a run of --eval_split test"):
-        ncf_main.run(tested)
+        cycles.run(tested)
     validated = _config(tmp_path / "validated", train_epochs=1)
-    ncf_main.run(validated)
+    cycles.run(validated)
     as_test = dataclasses.replace(
         validated, data=dataclasses.replace(validated.data, eval_split="test")
     )
     with pytest.raises(ModelDirError, match="holds a run of --eval_split validation"):
-        ncf_main.run(as_test)
+        cycles.run(as_test)
 
 
 @pytest.mark.parametrize(

@@ -21,11 +21,11 @@ from mlperf_logging import compliance_checker
 from official.core import signals
 from official.utils.flags import mlperf as mlperf_flags
 from official.utils.logs import mlperf_helper
-from recommendation import ncf_main
 from recommendation.data import synthetic_data
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.mlperf import mlperf_tags
 from recommendation.model.neumf_model import ModelParams
+from recommendation.training import cycles
 from recommendation.training.ncf_common import NcfConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,7 +130,7 @@ def test_producer_lines_are_merged_in_time_order(mllog_run):
     assert keys.index("run_start") < keys.index("input_step_eval_neg_gen")
     assert keys[:2] == ["cache_clear", "init_start"] and keys[-1] == "run_stop"
     assert records[-1].metadata["status"] == mlperf_helper.SUCCESS
-    assert records[keys.index("run_start")].metadata["file"] == "recommendation/ncf_main.py"
+    assert records[keys.index("run_start")].metadata["file"] == "recommendation/training/cycles.py"
 
 
 def test_v05_log_has_every_tag_in_order(tmp_path):
@@ -154,7 +154,7 @@ def test_v05_log_has_every_tag_in_order(tmp_path):
             log_file=log, log_format=mlperf_helper.V05, clear_caches=False
         ),
     )
-    ncf_main.run(config)
+    cycles.run(config)
     with open(log) as stream:
         lines = stream.read().splitlines()
     records = [mlperf_helper.parse_line(line) for line in lines]
@@ -180,7 +180,7 @@ def test_run_stop_aborted_when_the_run_fails(tmp_path):
         mlperf=mlperf_helper.MlperfOptions(log_file=log, clear_caches=False),
     )
     with pytest.raises(Exception, match="ratings.dat"):
-        ncf_main.run(config)
+        cycles.run(config)
     records = mlperf_helper.read_log(log)
     assert [records[0].key, records[1].key] == ["cache_clear", "init_start"]
     assert records[-1].key == "run_stop" and records[-1].metadata["status"] == "aborted"

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import tensorflow as tf
+from absl import logging
 from conftest import (
     ROOT,
     TINY_NCF_MAIN_FLAGS,
@@ -29,9 +30,9 @@ from official.core.model_dir import ModelDirError
 from official.utils.logs import mlperf_helper
 from official.utils.logs.mlperf_helper import MlperfOptions
 from official.utils.misc import machine
-from recommendation import ncf_main
 from recommendation.model import neumf_model
 from recommendation.producer import data_pipeline
+from recommendation.training import cycles, reporting
 from recommendation.training.ncf_common import NcfConfig
 
 
@@ -45,7 +46,7 @@ def _records(tmp_path, kind: str) -> list[dict]:
 
 
 def test_trains_evaluates_checkpoints_and_logs(tmp_path):
-    summary = ncf_main.run(_config(tmp_path)).summary
+    summary = cycles.run(_config(tmp_path)).summary
     assert summary["epochs"] == 2
     assert 0.0 < summary["best_hr"] <= 1.0 and 0.0 < summary["best_ndcg"] <= summary["best_hr"]
     assert summary["train_points"] == 2 * (12_000 - 300) * 5
@@ -57,7 +58,7 @@ def test_trains_evaluates_checkpoints_and_logs(tmp_path):
     assert os.path.exists(tmp_path / "model" / "checkpoint")
     assert os.listdir(tmp_path / "data" / "synthetic" / "runs") == []  # producer cleaned up
 
-    resumed = ncf_main.run(_config(tmp_path, train_epochs=3)).summary
+    resumed = cycles.run(_config(tmp_path, train_epochs=3)).summary
     assert resumed["epochs"] == 3
     assert [record["epoch"] for record in _records(tmp_path, "evaluation")] == [0, 1, 2]
 
@@ -76,15 +77,15 @@ def test_the_steps_are_traced_while_the_producer_starts_and_not_again(tmp_path, 
 
     monkeypatch.setattr(neumf_model, "model_fn", recording_model_fn)
     monkeypatch.setattr(data_pipeline.ProducerHandle, "hand_over", recording_hand_over)
-    ncf_main.run(_config(tmp_path))
+    cycles.run(_config(tmp_path))
     first = events.index("hand over")
     assert set(events[:first]) == {"train", "eval"}  # before the producer is given its work
     assert set(events[first:]) == {"hand over"}  # and the two epochs traced nothing more
 
 
 def test_same_seed_same_metrics_on_cpu(tmp_path):
-    first = ncf_main.run(_config(tmp_path / "a", train_epochs=1)).summary
-    second = ncf_main.run(_config(tmp_path / "b", train_epochs=1)).summary
+    first = cycles.run(_config(tmp_path / "a", train_epochs=1)).summary
+    second = cycles.run(_config(tmp_path / "b", train_epochs=1)).summary
     assert first["best_hr"] == second["best_hr"]
     assert first["best_ndcg"] == second["best_ndcg"]
     loss = [_records(tmp_path / run, "evaluation")[0]["loss"] for run in ("a", "b")]
@@ -95,13 +96,13 @@ def test_learning_rate_decay_resumes_a_constant_rate_run(tmp_path):
     # A checkpoint without decay, at another rate: the resumed run's flags decide.
     first = _config(tmp_path, train_epochs=1)
     fast = dataclasses.replace(first.model, learning_rate=0.1)
-    ncf_main.run(dataclasses.replace(first, model=fast))
+    cycles.run(dataclasses.replace(first, model=fast))
     model = dataclasses.replace(
         _config(tmp_path).model, learning_rate_decay=0.5, decay_start_epoch=1, weight_decay=0.01
     )
     log = str(tmp_path / "mlperf.log")
     mlperf = MlperfOptions(log, division="open", clear_caches=False)
-    runner = ncf_main.run(_config(tmp_path, model=model, mlperf=mlperf, train_epochs=3)).runner
+    runner = cycles.run(_config(tmp_path, model=model, mlperf=mlperf, train_epochs=3)).runner
     steps = runner.params.steps_per_epoch
     assert steps == -(-(12_000 - 300) * 5 // 2048)
     optimizer = runner.state.optimizer
@@ -114,14 +115,14 @@ def test_learning_rate_decay_resumes_a_constant_rate_run(tmp_path):
 
 
 def test_stops_once_the_threshold_is_reached(tmp_path):
-    summary = ncf_main.run(_config(tmp_path, train_epochs=5, hr_threshold=0.0)).summary
+    summary = cycles.run(_config(tmp_path, train_epochs=5, hr_threshold=0.0)).summary
     assert summary["epochs"] == 1 and summary["time_to_target_s"] > 0
 
 
 def test_synthetic_batches_measure_throughput_only(tmp_path):
-    summary = ncf_main.run(_config(tmp_path, use_synthetic_data=True, train_epochs=1)).summary
+    summary = cycles.run(_config(tmp_path, use_synthetic_data=True, train_epochs=1)).summary
     assert summary["best_hr"] is None and summary["examples_per_second"] > 0
-    assert "throughput" in ncf_main.summary_line(summary, 10)
+    assert "throughput" in reporting.summary_line(summary, 10)
 
 
 @pytest.mark.parametrize(
@@ -132,9 +133,9 @@ def test_bf16_on_a_cpu_without_bf16_instructions_says_to_use_fp32(
 ):
     monkeypatch.setattr(machine, "describe_cpu", lambda: machine.CpuInfo("a CPU", isa))
     said = []
-    monkeypatch.setattr(ncf_main.logging, "warning", lambda text, *args: said.append(text % args))
+    monkeypatch.setattr(logging, "warning", lambda text, *args: said.append(text % args))
     config = _config(tmp_path, use_synthetic_data=True, train_epochs=1)
-    ncf_main.run(dataclasses.replace(config, model=dataclasses.replace(config.model, dtype="bf16")))
+    cycles.run(dataclasses.replace(config, model=dataclasses.replace(config.model, dtype="bf16")))
     about_bf16 = [line for line in said if "--dtype bf16" in line]
     if warned:
         assert len(about_bf16) == 1 and "use fp32 here" in about_bf16[0]
@@ -144,9 +145,9 @@ def test_bf16_on_a_cpu_without_bf16_instructions_says_to_use_fp32(
 
 
 def test_cycles_cover_the_remaining_epochs():
-    assert ncf_main._cycles(0, 5, 2) == (2, 2, 1)
-    assert ncf_main._cycles(3, 5, 2) == (2,)
-    assert ncf_main._cycles(5, 5, 1) == ()
+    assert cycles._cycles(0, 5, 2) == (2, 2, 1)
+    assert cycles._cycles(3, 5, 2) == (2,)
+    assert cycles._cycles(5, 5, 1) == ()
 
 
 @pytest.mark.parametrize("extra,expect_ok", [([], True), (["--layers=15,8"], False)])
@@ -200,14 +201,14 @@ def test_config_is_frozen(tmp_path):
 
 
 def test_a_finished_run_resumed_reports_its_restored_model(tmp_path):
-    first = ncf_main.run(_config(tmp_path, train_epochs=1)).summary
-    again = ncf_main.run(_config(tmp_path, train_epochs=1)).summary
+    first = cycles.run(_config(tmp_path, train_epochs=1)).summary
+    again = cycles.run(_config(tmp_path, train_epochs=1)).summary
     checkpoint = tf.train.latest_checkpoint(str(tmp_path / "model"))
     assert again["resumed_finished_run"] == checkpoint
     # The restored model on the same evaluation set: the first run's numbers exactly.
     assert (again["best_hr"], again["best_ndcg"]) == (first["best_hr"], first["best_ndcg"])
     assert again["train_points"] == 0 and again["examples_per_second"] is None
-    assert ncf_main.summary_line(again, 10) == (
+    assert reporting.summary_line(again, 10) == (
         f"nothing left to train: {checkpoint} holds all 1 epochs; its model scores "
         f"HR@10={first['best_hr']:.4f} NDCG@10={first['best_ndcg']:.4f}. --train_epochs "
         "above 1 trains on, --clean starts over"
@@ -369,7 +370,7 @@ def test_with_every_checkpoint_damaged_ncf_main_refuses_and_deletes_nothing(tmp_
     # In this process: the scan refuses before any weight is restored, and a
     # ModelDirError ends the command in one line as the tests above show.
     with pytest.raises(ModelDirError) as refused:
-        ncf_main.run(_config(tmp_path, model_dir=str(model), train_epochs=3))
+        cycles.run(_config(tmp_path, model_dir=str(model), train_epochs=3))
     assert re.fullmatch(
         rf"no intact checkpoint in {re.escape(str(model))}: {re.escape(newest)} "
         rf"\({problem}\) and {re.escape(first)} \({re.escape(os.path.basename(first))}"
@@ -384,7 +385,7 @@ def test_a_stopped_or_finished_run_names_the_checkpoint_that_is_restored(tmp_pat
     first, newest = _copy(two_epochs, tmp_path)
     damage_checkpoint(newest, "flipped bytes")
     # What a stop signal reports: the checkpoint the same command then resumes from.
-    assert ncf_main._kept_for_resume(_config(tmp_path)) == (
+    assert cycles._kept_for_resume(_config(tmp_path)) == (
         f"kept {first} (1 of 2 epochs done); the same command resumes from it, --clean starts over"
     )
     result = _ncf_main(tmp_path, f"--model_dir={tmp_path / 'model'}", "--train_epochs=1")

@@ -15,10 +15,10 @@ from conftest import TINY_NCF_MAIN_FLAGS, TINY_PARAMS, run_module, tiny_ncf_conf
 from official.core import distribution_utils
 from official.core.model_dir import ModelDirError
 from official.core.runner import Runner
-from recommendation import ncf_main
-from recommendation.data import constants
+from recommendation.data import constants, data_preprocessing
 from recommendation.model import neumf_model
 from recommendation.producer import data_pipeline
+from recommendation.training import cycles, pretrain, selection
 
 GMF, MLP, NEUMF, MF = "gmf", "mlp", "neumf", "mf"  # --model
 
@@ -162,7 +162,7 @@ def _source_run(root, kind: str, best: bool = False, **sizes) -> Runner:
     runner.save_checkpoint()
     if best:
         runner.save_best()
-        (root / kind / ncf_main.VALIDATION_HISTORY_FILE).write_text("{}")
+        (root / kind / selection.VALIDATION_HISTORY_FILE).write_text("{}")
         kept = _weights(runner.state.model)
         runner.train(input_fn, 3)
         runner.save_checkpoint()  # the latest now differs from the kept best
@@ -191,7 +191,7 @@ def _neumf(
         config.model_dir,
         tf.distribute.OneDeviceStrategy("/cpu:0"),
     )
-    ncf_main.start_from_pretrained(config, runner)
+    pretrain.start_from_pretrained(config, runner)
     return runner
 
 
@@ -299,7 +299,7 @@ def test_pretrain_flags_that_cannot_go_together(tmp_path, overrides, kind, messa
     config = tiny_ncf_config(tmp_path, **overrides)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, model_kind=kind))
     with pytest.raises(ValueError, match=re.escape(message)):
-        ncf_main.run(config)
+        cycles.run(config)
     assert not (tmp_path / "model").exists()  # refused before anything is written
 
 
@@ -353,7 +353,7 @@ def test_gmf_then_mlp_then_pretrained_neumf(tmp_path, monkeypatch):
     stages = {}
     for kind in (GMF, MLP):
         config = _stage(tmp_path, kind, export_dir=str(tmp_path / f"export_{kind}"))
-        stages[kind] = ncf_main.run(config)
+        stages[kind] = cycles.run(config)
         assert stages[kind].summary["test_hr"] > 0
         # Its export serves: the top item's score is that pair's score.
         served = tf.saved_model.load(str(tmp_path / f"export_{kind}"))
@@ -365,15 +365,15 @@ def test_gmf_then_mlp_then_pretrained_neumf(tmp_path, monkeypatch):
         )
         np.testing.assert_allclose(pair["scores"], top["scores"][0], rtol=1e-5)
 
-    neumf = ncf_main.run(_pretrained_stage(tmp_path, "neumf")).summary
+    neumf = cycles.run(_pretrained_stage(tmp_path, "neumf")).summary
     assert neumf["test_hr"] > 0 and neumf["epochs"] == 2
 
     # What a fresh NeuMF run starts from: the two selected models (each run ends holding
     # its selected epoch's weights), combined.
     config = _pretrained_stage(tmp_path, "fresh")
-    data = ncf_main.data_preprocessing.load_or_build(config.data).data
+    data = data_preprocessing.load_or_build(config.data).data
     strategy = distribution_utils.get_distribution_strategy("one_device", None)
-    start = ncf_main._make_runner(config, data, strategy).state.model
+    start = cycles._make_runner(config, data, strategy).state.model
     users = tf.range(data.num_users)
     expected = 0.5 * stages[GMF].runner.state.model.score_all_items(users)
     expected += 0.5 * stages[MLP].runner.state.model.score_all_items(users)
@@ -383,11 +383,11 @@ def test_gmf_then_mlp_then_pretrained_neumf(tmp_path, monkeypatch):
     def refuse(*_):
         raise AssertionError("a resumed run pretrained")
 
-    monkeypatch.setattr(ncf_main, "start_from_pretrained", refuse)
-    resumed = ncf_main.run(_pretrained_stage(tmp_path, "neumf", train_epochs=3)).summary
+    monkeypatch.setattr(pretrain, "start_from_pretrained", refuse)
+    resumed = cycles.run(_pretrained_stage(tmp_path, "neumf", train_epochs=3)).summary
     assert resumed["epochs"] == 3 and not resumed.get("resumed_finished_run")
     monkeypatch.undo()
     # The same seed repeats the same run.
-    again = ncf_main.run(_pretrained_stage(tmp_path, "again")).summary
+    again = cycles.run(_pretrained_stage(tmp_path, "again")).summary
     keys = ("best_epoch", "best_hr", "best_ndcg", "test_hr", "test_ndcg")
     assert [again[key] for key in keys] == [neumf[key] for key in keys]

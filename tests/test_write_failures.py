@@ -15,7 +15,7 @@ from absl import logging as absl_logging
 from official.utils.logs.logger import BENCHMARK_LOG_FILE, BenchmarkLogger
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc.write_failures import WriteFailures
-from recommendation import ncf_main
+from recommendation.training import reporting
 
 
 @pytest.fixture
@@ -95,9 +95,9 @@ def test_the_final_line_says_which_writes_failed():
         "failed_tensorboard_writes": 2,
         "failed_benchmark_log_writes": 0,
     }
-    assert ncf_main.summary_line(summary, 10) == (
+    assert reporting.summary_line(summary, 10) == (
         "best HR@10=0.5000 NDCG@10=0.2500 (epoch 1), 2 epochs, target not reached, 1,000 "
         "training examples/s, 12.0 s in all (2 TensorBoard writes failed: see the warnings)"
     )
     summary["failed_tensorboard_writes"] = 0
-    assert ncf_main.summary_line(summary, 10).endswith("12.0 s in all")
+    assert reporting.summary_line(summary, 10).endswith("12.0 s in all")
