@@ -54,7 +54,7 @@ from official.utils.misc import atomic, errors
 from recommendation.data import constants, data_preprocessing, movielens
 from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.model import neumf_model
-from recommendation.model.neumf_model import NeuMF
+from recommendation.model.network import NeuMF
 from recommendation.training import ncf_common
 
 ONNX_FILE = "model.onnx"

@@ -43,7 +43,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import online_runs  # noqa: E402  (sibling scripts)
 import replay_events  # noqa: E402
 
-from recommendation.model import neumf_model  # noqa: E402
+from recommendation.model import (
+    optimizers,
+)
 from recommendation.online.hash_embedding import HashEmbedding  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -71,7 +73,7 @@ flags.DEFINE_string(
 
 def _training_step(table: HashEmbedding):
     """A tf.function that trains `table` (lazy Adam rows) on a batch of ids."""
-    optimizer = neumf_model.LazyAdam(learning_rate=0.001)
+    optimizer = optimizers.LazyAdam(learning_rate=0.001)
     optimizer.build([])
     table.attach_optimizer(optimizer)
 

@@ -29,7 +29,7 @@ from official.core.runner import Runner
 from recommendation.data import data_preprocessing, synthetic_data
 from recommendation.data.data_preprocessing import DataConfig, PreprocessedData
 from recommendation.model import neumf_model
-from recommendation.model.neumf_model import ModelParams
+from recommendation.model.hyperparams import ModelParams
 from recommendation.producer import data_pipeline
 from recommendation.training import cycles
 from recommendation.training.ncf_common import NcfConfig

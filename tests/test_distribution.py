@@ -25,11 +25,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _RUN = textwrap.dedent("""
     import sys
     import numpy as np
-    from recommendation import ncf_main
+    from recommendation.training import cycles
     from recommendation.data import synthetic_data
     from recommendation.data.data_preprocessing import DataConfig
     from recommendation.training.ncf_common import NcfConfig
-    from recommendation.model.neumf_model import ModelParams
+    from recommendation.model.hyperparams import ModelParams
 
     strategy, hosts, index, model_dir, out = sys.argv[1:6]
     spec = synthetic_data.SyntheticSpec(num_users=200, num_items=150, num_ratings=8000)
@@ -149,13 +149,13 @@ _ACCELERATOR_PATH = textwrap.dedent("""
     from conftest import TINY_PARAMS
     from official.core.runner import Runner
     from recommendation.producer import data_pipeline
-    from recommendation.model import neumf_model
+    from recommendation.model import kernels, neumf_model
 
     def input_fn():  # 128 points: the 90 table rows are fewer than 2 x 64 per replica
         return data_pipeline.synthetic_train_input_fn(128, 50, 40, seed=3)
 
     if sys.argv[3] == "compiled":  # the XLA-compiled loops that large steps take
-        neumf_model.COMPILE_MIN_ELEMENTS = 0
+        kernels.COMPILE_MIN_ELEMENTS = 0
 
     def trained(strategy, **options):
         keras.utils.set_random_seed(0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recommendation.model import neumf_model
+from recommendation.model import optimizers
 from recommendation.online.eviction import CandidatePool, parse_policy
 from recommendation.online.hash_embedding import HashEmbedding
 
@@ -22,7 +22,7 @@ class _Trainer:
     def __init__(self, **kwargs) -> None:
         keras.utils.set_random_seed(0)
         self.layer = HashEmbedding(4, **kwargs)
-        self.optimizer = neumf_model.LazyAdam(learning_rate=0.1)
+        self.optimizer = optimizers.LazyAdam(learning_rate=0.1)
         self.optimizer.build([])
         self.num_slots = self.layer.attach_optimizer(self.optimizer)
         self._step = tf.function(self._train)

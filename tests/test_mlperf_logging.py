@@ -24,7 +24,7 @@ from official.utils.logs import mlperf_helper
 from recommendation.data import synthetic_data
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.mlperf import mlperf_tags
-from recommendation.model.neumf_model import ModelParams
+from recommendation.model.hyperparams import ModelParams
 from recommendation.training import cycles
 from recommendation.training.ncf_common import NcfConfig
 

@@ -13,8 +13,8 @@ from absl.testing import parameterized
 
 from official.core.runner import Mode, ModelState
 from recommendation.data import constants
-from recommendation.model import neumf_model
-from recommendation.model.neumf_model import ModelParams
+from recommendation.model import kernels, network, neumf_model, optimizers
+from recommendation.model.hyperparams import ModelParams
 
 LN2 = math.log(2)
 
@@ -98,7 +98,7 @@ def _features(users, items, valid=None):
 
 
 def test_network_shape_follows_the_reference():
-    model = neumf_model.build_model(_params())
+    model = network.build_model(_params())
     assert model.user_embedding.embeddings.shape == (7, 4 + 8 // 2)
     assert model.item_embedding.embeddings.shape == (11, 8)
     assert [layer.units for layer in model.mlp] == [6, 4]
@@ -108,14 +108,14 @@ def test_network_shape_follows_the_reference():
 
 def test_embedding_initialisers():
     params = _params(num_users=3000, num_items=1000)
-    glorot = neumf_model.build_model(params).user_embedding.embeddings.numpy()
+    glorot = network.build_model(params).user_embedding.embeddings.numpy()
     limit = math.sqrt(6 / (3000 + 8))  # uniform on +-limit, fans of the whole table
     assert limit * 0.99 < np.abs(glorot).max() <= limit
     paper = dataclasses.replace(params, embedding_init="normal")
-    normal = neumf_model.build_model(paper).user_embedding.embeddings.numpy()
+    normal = network.build_model(paper).user_embedding.embeddings.numpy()
     assert abs(normal.std() - 0.01) < 3e-4 and abs(normal.mean()) < 3e-4
     wide = dataclasses.replace(paper, embedding_stddev=0.1)
-    normal = neumf_model.build_model(wide).user_embedding.embeddings.numpy()
+    normal = network.build_model(wide).user_embedding.embeddings.numpy()
     assert abs(normal.std() - 0.1) < 3e-3 and abs(normal.mean()) < 3e-3
     with pytest.raises(ValueError, match="embedding_init must be one of"):
         _params(embedding_init="zeros")
@@ -127,11 +127,11 @@ def test_embedding_initialisers():
 
 def test_gmf_block_rejects_mismatched_widths():
     with pytest.raises(ValueError, match="user and item widths differ"):
-        neumf_model.GmfBlock()(tf.zeros([2, 3]), tf.zeros([2, 4]))
+        network.GmfBlock()(tf.zeros([2, 3]), tf.zeros([2, 4]))
 
 
 def test_model_serialization_round_trip(tmp_path):
-    model = neumf_model.build_model(_params(embedding_init="normal", embedding_stddev=0.1))
+    model = network.build_model(_params(embedding_init="normal", embedding_stddev=0.1))
     features = _features([0, 3, 6], [1, 10, 5])
     path = str(tmp_path / "neumf.keras")
     model.save(path)
@@ -142,10 +142,10 @@ def test_model_serialization_round_trip(tmp_path):
 
 
 def test_given_tables_are_used_and_saved_with_the_model(tmp_path):
-    width = neumf_model.NeuMF.table_width(4, (8, 6, 4))
+    width = network.NeuMF.table_width(4, (8, 6, 4))
     users = keras.layers.Embedding(3, width, embeddings_initializer="ones", name="embedding_user")
     items = keras.layers.Embedding(5, width, name="embedding_item")
-    model = neumf_model.NeuMF(
+    model = network.NeuMF(
         mf_dim=4,
         layers=(8, 6, 4),
         mlp_regularization=(0.0, 0.0, 0.0),
@@ -171,9 +171,9 @@ def test_given_tables_are_used_and_saved_with_the_model(tmp_path):
 def test_each_table_is_sized_or_given_exactly_once():
     sizes = dict(mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0))
     with pytest.raises(ValueError, match="give num_users or user_embedding"):
-        neumf_model.NeuMF(num_items=5, **sizes)  # neither
+        network.NeuMF(num_items=5, **sizes)  # neither
     with pytest.raises(ValueError, match="give num_items or item_embedding"):
-        neumf_model.NeuMF(3, 5, item_embedding=keras.layers.Embedding(5, 8), **sizes)  # both
+        network.NeuMF(3, 5, item_embedding=keras.layers.Embedding(5, 8), **sizes)  # both
 
 
 def test_padding_never_reaches_the_loss():
@@ -235,10 +235,10 @@ def test_row_regularization_weighs_the_rows_of_each_valid_point(kind):
     assert summary["loss"] == pytest.approx(cross_entropy[:3].mean(), rel=1e-5)
 
 
-def _model_scoring_item_ids(params: ModelParams) -> neumf_model.NeuMF:
+def _model_scoring_item_ids(params: ModelParams) -> network.NeuMF:
     """NeuMF whose logit for (any user, item i) is exactly i: no hidden MLP layer, and
     the output weighs only the item's MLP half, which holds the item id."""
-    model = neumf_model.build_model(params)
+    model = network.build_model(params)
     width = params.mf_dim + params.layers[0] // 2
     items = np.zeros((params.num_items, width), np.float32)
     items[:, -1] = np.arange(params.num_items)
@@ -304,14 +304,14 @@ def test_the_eval_summary_is_hr_and_ndcg_per_real_user(totals, summary):
     params = _params(num_items=8, eval_block_size=4)
     features = _features([0] * 4, [0, 1, 2, 3], [True] * 4)
     features[constants.DUPLICATE_MASK] = tf.zeros([4], tf.bool)
-    state = ModelState(neumf_model.build_model(params))
+    state = ModelState(network.build_model(params))
     spec = neumf_model.model_fn(features, None, Mode.EVAL, params, state)
     assert spec.summarize(totals) == {**summary, "num_users": totals["num_users"]}
 
 
 def test_predict_gives_probabilities():
     params = _params()
-    state = ModelState(neumf_model.build_model(params))
+    state = ModelState(network.build_model(params))
     spec = neumf_model.model_fn(_features([0, 1], [2, 3]), None, Mode.PREDICT, params, state)
     np.testing.assert_allclose(
         spec.predictions["scores"], tf.sigmoid(spec.predictions["logits"]), rtol=1e-6
@@ -348,7 +348,7 @@ def test_lazy_adam_leaves_rows_outside_the_batch_alone():
 
 def test_lazy_adam_step_matches_the_formula():
     params = _params(sparse_updates=True, mlp_regularization=(0.0, 0.0, 0.0))
-    optimizer = neumf_model.build_optimizer(params)
+    optimizer = optimizers.build_optimizer(params)
     table = keras.Variable(np.ones((4, 2), np.float32))
     optimizer.build([table])
     gradient = tf.IndexedSlices(
@@ -368,12 +368,12 @@ def test_epoch_decay_holds_then_shrinks_once_per_epoch():
         learning_rate=0.8, learning_rate_decay=0.5, decay_start_epoch=2, steps_per_epoch=3
     )
     rates = [
-        float(neumf_model.decayed_learning_rate(params, tf.constant(step, tf.int64)))
+        float(optimizers.decayed_learning_rate(params, tf.constant(step, tf.int64)))
         for step in range(12)
     ]
     np.testing.assert_allclose(rates, [0.8] * 6 + [0.4] * 3 + [0.2] * 3, rtol=1e-6)
     with pytest.raises(ValueError, match="steps_per_epoch must be positive, got 0"):
-        neumf_model.decayed_learning_rate(
+        optimizers.decayed_learning_rate(
             dataclasses.replace(params, steps_per_epoch=0), tf.constant(0, tf.int64)
         )
 
@@ -383,14 +383,14 @@ def test_optimizer_steps_at_the_decayed_rate(sparse):
     params = _params(
         sparse_updates=sparse, learning_rate_decay=0.1, decay_start_epoch=1, steps_per_epoch=2
     )
-    optimizer = neumf_model.build_optimizer(params)
+    optimizer = optimizers.build_optimizer(params)
     table = keras.Variable(np.zeros((1, 1), np.float32))
     optimizer.build([table])
     optimizer.iterations.assign(1)  # the last step of epoch 0
-    neumf_model.set_learning_rate(optimizer, params)
+    optimizers.set_learning_rate(optimizer, params)
     assert float(optimizer.learning_rate) == pytest.approx(0.001)
     optimizer.iterations.assign(2)  # the first step of epoch 1
-    neumf_model.set_learning_rate(optimizer, params)
+    optimizers.set_learning_rate(optimizer, params)
     optimizer.apply([tf.constant([[1.0]])], [table])
     # Adam's update for step 3 (iterations 2) with fresh moments, at rate 0.001 * 0.1.
     beta1, beta2 = 0.9, 0.999
@@ -401,7 +401,7 @@ def test_optimizer_steps_at_the_decayed_rate(sparse):
 
 
 def test_weight_decay_shrinks_weights_by_rate_times_learning_rate():
-    optimizer = neumf_model.build_optimizer(_params(weight_decay=0.5))
+    optimizer = optimizers.build_optimizer(_params(weight_decay=0.5))
     table = keras.Variable(np.full((2, 2), 3.0, np.float32))
     optimizer.build([table])
     optimizer.apply([tf.zeros([2, 2])], [table])  # a zero gradient: Adam itself moves nothing
@@ -413,7 +413,7 @@ def test_weight_decay_shrinks_weights_by_rate_times_learning_rate():
 def test_table_side_first_layer_is_the_same_function():
     """The fast path (first MLP layer applied to the tables) equals the direct one."""
     params = _params(num_users=5, num_items=6)  # 11 table rows < 2 x batch of 40
-    model = neumf_model.build_model(params)
+    model = network.build_model(params)
     rng = np.random.default_rng(0)
     features = _features(rng.integers(0, 5, 40), rng.integers(0, 6, 40))
     labels = tf.constant(rng.integers(0, 2, 40), tf.float32)
@@ -439,7 +439,7 @@ def _table_side_gradient_graph():
     """(model, the traced graph of its gradients) on a batch of 40 over 12 table rows,
     so that the first layer is applied to the tables."""
     params = _params(num_users=5, num_items=7)  # 12 table rows < 2 x batch of 40
-    model = neumf_model.build_model(params)
+    model = network.build_model(params)
     rng = np.random.default_rng(0)
     features = _features(rng.integers(0, 5, 40), rng.integers(0, 7, 40))
 
@@ -474,7 +474,7 @@ def test_the_table_side_step_sums_and_cuts_tables_not_batches():
 def test_the_table_side_first_layer_is_one_compiled_loop_each_way(monkeypatch):
     """Its gathers, sum and ReLU (and ReLU's gradient and the scatters) run in XLA-compiled
     calls, not as TensorFlow ops each writing a batch x first-width tensor."""
-    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
+    monkeypatch.setattr(kernels, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
     model, graph = _table_side_gradient_graph()
     operations = graph.get_operations()
     batch_wide = (40, model.mlp[0].units)
@@ -490,7 +490,7 @@ def test_a_checkpoint_of_the_model_alone_holds_every_weight(tmp_path):
     """`tf.train.Checkpoint(model=...)` without the optimizer restores the MLP too
     (Keras' list of layers is invisible to TensorFlow's object graph)."""
     params = _params()
-    trained, fresh = neumf_model.build_model(params), neumf_model.build_model(params)
+    trained, fresh = network.build_model(params), network.build_model(params)
     for variable in trained.weights:
         variable.assign(variable + 0.5)
     path = tf.train.Checkpoint(model=trained).save(str(tmp_path / "model"))
@@ -504,7 +504,7 @@ def test_dense_row_gradients_are_tensorflows_own_bit_for_bit(traced, monkeypatch
     """The scatter that densifies gather gradients (dense Adam's tables, the projected
     first-layer terms) gives TensorFlow's UnsortedSegmentSum bits, repeated ids included,
     run op by op (eagerly) or compiled (in a traced step)."""
-    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
+    monkeypatch.setattr(kernels, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
     rng = np.random.default_rng(0)
     table = tf.constant(rng.normal(size=(7, 5)), tf.float32)
     ids = tf.constant(rng.integers(0, 7, 300), tf.int32)  # each row about 43 times
@@ -513,13 +513,13 @@ def test_dense_row_gradients_are_tensorflows_own_bit_for_bit(traced, monkeypatch
     def rows_and_gradients(table, ids, upstream):
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(table)
-            ours, theirs = neumf_model.take_rows(table, ids), tf.gather(table, ids)
+            ours, theirs = kernels.take_rows(table, ids), tf.gather(table, ids)
         sparse = tape.gradient(theirs, table, output_gradients=upstream)
         assert isinstance(sparse, tf.IndexedSlices)
         dense = tape.gradient(ours, table, output_gradients=upstream)
         assert not isinstance(dense, tf.IndexedSlices)
         expected = tf.convert_to_tensor(sparse)
-        return ours, theirs, expected, neumf_model.dense_gradient(sparse), dense
+        return ours, theirs, expected, kernels.dense_gradient(sparse), dense
 
     run = tf.function(rows_and_gradients) if traced else rows_and_gradients
     ours, theirs, expected, densified, dense = run(table, ids, upstream)
@@ -536,7 +536,7 @@ def test_small_steps_compile_nothing():
     def gradient(table, ids):
         with tf.GradientTape() as tape:
             tape.watch(table)
-            rows = neumf_model.take_rows(table, ids)
+            rows = kernels.take_rows(table, ids)
         return tape.gradient(rows, table, output_gradients=tf.ones_like(rows))
 
     graph = gradient.get_concrete_function(
@@ -548,14 +548,14 @@ def test_small_steps_compile_nothing():
 
 def test_steps_run_eagerly_compile_nothing(monkeypatch):
     """``--run_eagerly`` runs the step op by op: the compiled scatter is not traced."""
-    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # however large
-    scatter = neumf_model._compiled_scatter_rows
+    monkeypatch.setattr(kernels, "COMPILE_MIN_ELEMENTS", 0)  # however large
+    scatter = kernels._compiled_scatter_rows
     compiled = getattr(scatter, "compiled", scatter)  # the XLA-compiled tf.function
     traces = compiled.experimental_get_tracing_count()
     table = tf.zeros((11, 3))
     with tf.GradientTape() as tape:
         tape.watch(table)
-        rows = neumf_model.take_rows(table, tf.constant([1, 1, 4]))
+        rows = kernels.take_rows(table, tf.constant([1, 1, 4]))
     tape.gradient(rows, table, output_gradients=tf.ones((3, 3)))
     assert compiled.experimental_get_tracing_count() == traces
 
@@ -565,17 +565,17 @@ def test_dense_row_gradients_of_known_tables_are_compiled_by_xla(monkeypatch):
     XLA-compiled scatter (4x TensorFlow's kernel at the MLPerf size), not from a
     TensorFlow scatter run op by op; a count known only when it runs (LazyAdam's unique
     rows) keeps TensorFlow's kernel rather than a compilation per count."""
-    monkeypatch.setattr(neumf_model, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
+    monkeypatch.setattr(kernels, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
 
     @tf.function
     def gradients(table, ids, upstream):
         with tf.GradientTape() as tape:
             tape.watch(table)
-            rows = neumf_model.take_rows(table, ids)
+            rows = kernels.take_rows(table, ids)
         unique, positions = tf.unique(ids)  # as LazyAdam densifies
         shape = tf.stack([tf.size(unique, tf.int64), 5])
         unknown_rows = tf.IndexedSlices(upstream, positions, shape)
-        return tape.gradient(rows, table, upstream), neumf_model.dense_gradient(unknown_rows)
+        return tape.gradient(rows, table, upstream), kernels.dense_gradient(unknown_rows)
 
     specs = (tf.TensorSpec((7, 5)), tf.TensorSpec((300,), tf.int32), tf.TensorSpec((300, 5)))
     graph = gradients.get_concrete_function(*specs).graph
@@ -591,7 +591,7 @@ def test_dense_row_gradients_of_known_tables_are_compiled_by_xla(monkeypatch):
 )
 def test_scoring_all_items_equals_scoring_each_pair(layers):
     params = _params(layers=layers, mlp_regularization=(0.0,) * len(layers))
-    model = neumf_model.build_model(params)
+    model = network.build_model(params)
     users = np.array([6, 0, 3, 3])
     logits = model.score_all_items(tf.constant(users, tf.int32)).numpy()
     pairs = _features(np.repeat(users, 11), np.tile(np.arange(11), len(users)))
@@ -608,7 +608,7 @@ def test_scoring_blocks_equals_scoring_each_pair(num_items, layers):
     """Evaluation's block scoring is `call` on the flattened pairs, whether the item
     table (11 rows < 12 points) or the looked-up rows (400 > 12) are projected."""
     params = _params(num_items=num_items, layers=layers, mlp_regularization=(0.0,) * len(layers))
-    model = neumf_model.build_model(params)
+    model = network.build_model(params)
     rng = np.random.default_rng(3)
     users, items = np.array([6, 0, 3]), rng.integers(0, num_items, (3, 4))
     logits = model.score_blocks(tf.constant(users, tf.int32), tf.constant(items, tf.int32))

@@ -16,7 +16,7 @@ from official.core import distribution_utils
 from official.core.model_dir import ModelDirError
 from official.core.runner import Runner
 from recommendation.data import constants, data_preprocessing
-from recommendation.model import neumf_model
+from recommendation.model import network, neumf_model, optimizers
 from recommendation.producer import data_pipeline
 from recommendation.training import cycles, pretrain, selection
 
@@ -43,9 +43,9 @@ def _mlp_logits(weights: list[np.ndarray], users, items) -> np.ndarray:
     return x @ w[:, 0] + b[0]
 
 
-def _model(kind: str, **sizes) -> neumf_model.NeuMF:
+def _model(kind: str, **sizes) -> network.NeuMF:
     """A model of `kind` with random weights (biases too), in float64-friendly numpy."""
-    model = neumf_model.build_model(dataclasses.replace(TINY_PARAMS, model_kind=kind, **sizes))
+    model = network.build_model(dataclasses.replace(TINY_PARAMS, model_kind=kind, **sizes))
     rng = np.random.default_rng(4)
     model.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in model.weights])
     return model
@@ -55,7 +55,7 @@ def _weights(model) -> list[np.ndarray]:
     return [w.numpy().astype(np.float64) for w in model.weights]
 
 
-def _every_scoring_path(model: neumf_model.NeuMF) -> dict[str, np.ndarray]:
+def _every_scoring_path(model: network.NeuMF) -> dict[str, np.ndarray]:
     """The logits of every pair (user-major) by each way the model scores: `call` on
     small batches and on one batch larger than the tables (the projected first layer),
     `score_all_items`, and `score_blocks` by table and by lookup."""
@@ -117,7 +117,7 @@ def test_an_mlp_model_scores_its_tower(layers):
 @pytest.mark.parametrize("kind", [GMF, MLP, NEUMF, MF])
 def test_each_kind_survives_its_config(kind):
     model = _model(kind)
-    restored = neumf_model.NeuMF.from_config(model.get_config())
+    restored = network.NeuMF.from_config(model.get_config())
     restored(
         {
             constants.USER_COLUMN: tf.zeros([1], tf.int32),
@@ -133,7 +133,7 @@ def test_each_kind_survives_its_config(kind):
 
 def test_sgd_moves_only_by_the_learning_rate_times_the_gradient():
     params = dataclasses.replace(TINY_PARAMS, optimizer="sgd", learning_rate=0.5)
-    optimizer = neumf_model.build_optimizer(params)
+    optimizer = optimizers.build_optimizer(params)
     assert isinstance(optimizer, keras.optimizers.SGD)
     variable = tf.Variable([1.0, 2.0])
     optimizer.apply([tf.constant([0.2, -0.4])], [variable])

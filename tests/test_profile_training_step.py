@@ -42,7 +42,7 @@ def test_ops_fall_in_the_first_category_they_fit(script):
         {
             "adam/Mul:Mul": 1.0,
             "gradient_tape/x:UnsortedSegmentSum": 1.5,
-            "TensorScatterAdd_2:TensorScatterAdd": 0.5,  # neumf_model.dense_gradient's
+            "TensorScatterAdd_2:TensorScatterAdd": 0.5,  # kernels.dense_gradient's
             "dense/MatMul:_MklMatMul": 3.0,
             "embedding/GatherV2:GatherV2": 4.0,
             "gradient_tape/s:StridedSliceGrad": 5.0,
@@ -70,6 +70,7 @@ from conftest import load_script
 script = load_script("profile_training_step")
 os.environ["XLA_FLAGS"] = script.XLA_PROFILE_FLAGS + " --xla_dump_to={work}/hlo"
 import tensorflow as tf
+from recommendation.model import kernels
 table = tf.Variable(tf.ones([50, 64]))
 ids = tf.constant([i % 50 for i in range(4096)])
 @tf.function(jit_compile=True)

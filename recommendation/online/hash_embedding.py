@@ -33,7 +33,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from recommendation.model import neumf_model
+from recommendation.model import optimizers
 from recommendation.online import id_index
 from recommendation.online.eviction import (
     CandidatePool,
@@ -270,7 +270,7 @@ class HashEmbedding(ChangeTracking, keras.layers.Layer):
 
         def apply():
             if self.moments:
-                neumf_model.lazy_adam_rows(
+                optimizers.lazy_adam_rows(
                     gradient,
                     self.embeddings,
                     *self.moments,

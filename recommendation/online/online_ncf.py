@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from recommendation.data import constants
-from recommendation.model import neumf_model
+from recommendation.model import hyperparams, network, neumf_model, optimizers
 from recommendation.online.hash_embedding import HashEmbedding
 from recommendation.online.rec_model import RecModel
 
@@ -36,7 +36,7 @@ class OnlineParams:
     """Model and sampling settings of online NeuMF.
 
     Attributes:
-        mf_dim, layers, mlp_regularization: NeuMF sizes (`neumf_model.ModelParams`).
+        mf_dim, layers, mlp_regularization: NeuMF sizes (`hyperparams.ModelParams`).
         user_capacity, item_capacity: Most rows of each hash table.
         user_eviction, item_eviction: What a full table does (`eviction.parse_policy`);
             None: ``lru``, or ``ttl:N`` when `evict_filter_value` is N.
@@ -50,9 +50,9 @@ class OnlineParams:
     """
 
     # The reference's NeuMF sizes and Adam settings, as ncf-main's defaults.
-    mf_dim: int = neumf_model.ModelParams.mf_dim
-    layers: tuple[int, ...] = neumf_model.ModelParams.layers
-    mlp_regularization: tuple[float, ...] = neumf_model.ModelParams.mlp_regularization
+    mf_dim: int = hyperparams.ModelParams.mf_dim
+    layers: tuple[int, ...] = hyperparams.ModelParams.layers
+    mlp_regularization: tuple[float, ...] = hyperparams.ModelParams.mlp_regularization
     user_capacity: int = 2**16
     item_capacity: int = 2**15
     user_eviction: str | None = None
@@ -64,15 +64,15 @@ class OnlineParams:
     num_neg: int = 4
     prequential_events: int = 64
     prequential_negatives: int = 99
-    top_k: int = neumf_model.ModelParams.top_k
-    learning_rate: float = neumf_model.ModelParams.learning_rate
-    beta1: float = neumf_model.ModelParams.beta1
-    beta2: float = neumf_model.ModelParams.beta2
-    epsilon: float = neumf_model.ModelParams.epsilon
+    top_k: int = hyperparams.ModelParams.top_k
+    learning_rate: float = hyperparams.ModelParams.learning_rate
+    beta1: float = hyperparams.ModelParams.beta1
+    beta2: float = hyperparams.ModelParams.beta2
+    epsilon: float = hyperparams.ModelParams.epsilon
 
 
 @keras.saving.register_keras_serializable(package="ncf")
-class OnlineNeuMF(neumf_model.NeuMF):
+class OnlineNeuMF(network.NeuMF):
     """NeuMF over `HashEmbedding` tables of `user_capacity` and `item_capacity` rows
     (arguments as in `OnlineParams`), given to NeuMF ready-made.
 
@@ -102,7 +102,7 @@ class OnlineNeuMF(neumf_model.NeuMF):
         admit_probability: float = OnlineParams.admit_probability,
         **kwargs,
     ) -> None:
-        width = neumf_model.NeuMF.table_width(mf_dim, layers)
+        width = network.NeuMF.table_width(mf_dim, layers)
 
         def hash_table(capacity: int, eviction: str | None, name: str, seed: int):
             if evict_filter_value is not None and eviction is not None:
@@ -271,7 +271,7 @@ def build_rec_model(
 ) -> RecModel:
     """RecModel training OnlineNeuMF (which computes its own loss) with lazy Adam: it
     updates only the rows of each batch, the only sensible choice for large tables."""
-    optimizer = neumf_model.LazyAdam(
+    optimizer = optimizers.LazyAdam(
         learning_rate=params.learning_rate,
         beta_1=params.beta1,
         beta_2=params.beta2,

@@ -23,7 +23,7 @@ from official.utils.flags.core import NON_NEGATIVE, POSITIVE, Check, FlagSpec, R
 from official.utils.logs.mlperf_helper import MlperfOptions
 from recommendation.data import constants, movielens, ratings_readers
 from recommendation.data.data_preprocessing import DataConfig
-from recommendation.model.neumf_model import EMBEDDING_INITS, MODEL_KINDS, OPTIMIZERS, ModelParams
+from recommendation.model.hyperparams import EMBEDDING_INITS, MODEL_KINDS, OPTIMIZERS, ModelParams
 
 
 @dataclasses.dataclass(frozen=True)

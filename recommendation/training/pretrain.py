@@ -19,7 +19,7 @@ from official.core.runner import (
     restore_model,
 )
 from recommendation.data import constants
-from recommendation.model import neumf_model
+from recommendation.model import hyperparams, network
 from recommendation.training import selection
 from recommendation.training.ncf_common import NcfConfig
 
@@ -45,7 +45,7 @@ def check_pretrain(config: NcfConfig) -> None:
             "NeuMF starts from a pretrained GMF and a pretrained MLP model together: give "
             f"{missing} too (or neither)"
         )
-    if config.model.model_kind != neumf_model.NEUMF:
+    if config.model.model_kind != hyperparams.NEUMF:
         raise ValueError(
             f"--pretrain_gmf_dir and --pretrain_mlp_dir start a NeuMF model, not "
             f"--model {config.model.model_kind}: drop them, or train --model neumf"
@@ -53,7 +53,7 @@ def check_pretrain(config: NcfConfig) -> None:
 
 
 # "holds a GMF model": each kind with its article.
-_A_KIND = {neumf_model.NEUMF: "a NeuMF", neumf_model.GMF: "a GMF", neumf_model.MLP: "an MLP"}
+_A_KIND = {hyperparams.NEUMF: "a NeuMF", hyperparams.GMF: "a GMF", hyperparams.MLP: "an MLP"}
 
 
 def start_from_pretrained(config: NcfConfig, runner: Runner) -> None:
@@ -67,19 +67,19 @@ def start_from_pretrained(config: NcfConfig, runner: Runner) -> None:
     """
     models = {}
     for kind, directory in (
-        (neumf_model.GMF, config.pretrain_gmf_dir),
-        (neumf_model.MLP, config.pretrain_mlp_dir),
+        (hyperparams.GMF, config.pretrain_gmf_dir),
+        (hyperparams.MLP, config.pretrain_mlp_dir),
     ):
         params = dataclasses.replace(runner.params, model_kind=kind)
-        models[kind] = neumf_model.build_model(params)
+        models[kind] = network.build_model(params)
         path, best = _pretrained_checkpoint(config, kind, directory)
         _check_pretrained_sizes(kind, directory, path, params)
         restore_model(models[kind], directory, best)
         logging.info("Pretrained %s model: %s", kind.upper(), path)
-    neumf_model.combine_pretrained(
+    network.combine_pretrained(
         runner.state.model,
-        models[neumf_model.GMF],
-        models[neumf_model.MLP],
+        models[hyperparams.GMF],
+        models[hyperparams.MLP],
         config.pretrain_alpha,
     )
     logging.info("NeuMF starts from the pretrained models (alpha %g)", config.pretrain_alpha)
@@ -123,7 +123,7 @@ def _pretrained_checkpoint(config: NcfConfig, kind: str, directory: str) -> tupl
 
 
 def _check_pretrained_sizes(
-    kind: str, directory: str, path: str, params: neumf_model.ModelParams
+    kind: str, directory: str, path: str, params: hyperparams.ModelParams
 ) -> None:
     """Checks that the model in checkpoint `path` is a `kind` model of `params`' sizes.
 
@@ -134,7 +134,7 @@ def _check_pretrained_sizes(
     found = describe_checkpoint(path)
     if found["kind"] != kind:
         # An MF model is a GMF model (its weights fixed at 1): both pretrain the GMF part.
-        models = "gmf or mf" if kind == neumf_model.GMF else kind
+        models = "gmf or mf" if kind == hyperparams.GMF else kind
         raise ModelDirError(
             f"{flag} {directory} holds {_A_KIND[found['kind']]} model ({path}), not "
             f"{_A_KIND[kind]} one: give the model_dir of an ncf-main --model {models} run"
@@ -146,9 +146,9 @@ def _check_pretrained_sizes(
             f"{params.num_items:,}: pretrain on the same --dataset and data flags"
         )
     flag_name, ours = (
-        ("--num_factors", params.mf_dim) if kind == neumf_model.GMF else ("--layers", params.layers)
+        ("--num_factors", params.mf_dim) if kind == hyperparams.GMF else ("--layers", params.layers)
     )
-    theirs = found["factors"] if kind == neumf_model.GMF else found["layers"]
+    theirs = found["factors"] if kind == hyperparams.GMF else found["layers"]
     if theirs != ours:
         raise ModelDirError(
             f"{flag} {directory} holds {_A_KIND[kind]} model of {flag_name} "
@@ -179,11 +179,11 @@ def describe_checkpoint(path: str) -> dict:
         layers, factors = None, width
     else:  # the MLP input straight to the logit: rows = factors + 2 x (width - factors)
         layers, factors = (2 * (rows - width),), 2 * width - rows
-    kind = neumf_model.NEUMF
+    kind = hyperparams.NEUMF
     if layers is None:
-        kind = neumf_model.GMF
+        kind = hyperparams.GMF
     elif factors == 0:
-        kind, factors = neumf_model.MLP, None
+        kind, factors = hyperparams.MLP, None
     return {"kind": kind, "users": user[0], "items": item[0], "factors": factors, "layers": layers}
 
 

@@ -16,7 +16,7 @@ from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc.progress import ProgressBar
 from recommendation.data import constants
 from recommendation.data.data_preprocessing import PreprocessedData
-from recommendation.model import neumf_model
+from recommendation.model import hyperparams
 from recommendation.producer.run_folder import GenerationParams
 from recommendation.training.ncf_common import NcfConfig
 
@@ -69,7 +69,7 @@ class EpochProgressAndEvents:
 def log_hparams(
     mlperf: MlperfLogger,
     config: NcfConfig,
-    model: neumf_model.ModelParams,
+    model: hyperparams.ModelParams,
     data: PreprocessedData,
     params: GenerationParams,
 ) -> None:
@@ -105,7 +105,7 @@ def log_hparams(
         mlperf.event(key, value)
 
 
-def _optimizer_name(model: neumf_model.ModelParams) -> str:
+def _optimizer_name(model: hyperparams.ModelParams) -> str:
     if model.optimizer == "sgd":
         return "sgd"
     return "lazy_adam" if model.sparse_updates else "adam"
