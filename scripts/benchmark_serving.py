@@ -34,7 +34,7 @@ from official.utils.misc import machine  # before TensorFlow: official sets its 
 import numpy as np
 import onnxruntime
 import tensorflow as tf
-from benchmark_training import ml1m_data_dir
+from training_benchmarks.harness import ml1m_data_dir
 
 from recommendation import export
 

@@ -1,4 +1,5 @@
-"""scripts/benchmark_training.py: the model sizes its suites run and count.
+"""scripts/benchmark_training.py and its suites (scripts/training_benchmarks/): the model
+sizes they run and count.
 
 The suites themselves train for minutes to hours and are run by hand (their results
 are in docs/benchmarks.md); these checks pin the towers and the FLOP count they report.
@@ -9,9 +10,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import pytest
-from conftest import load_script
+from conftest import SCRIPTS_DIR, load_script
+
+sys.path.insert(0, SCRIPTS_DIR)  # as `python scripts/benchmark_training.py` has it
+from training_benchmarks import (  # noqa: E402
+    harness,
+    paper,
+    pretrained,
+    resume,
+    step_flops,
+    throughput,
+    time_to_target,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,30 +43,30 @@ def script():
         (64, "deep", "1024,512,256,128,64"),
     ],
 )
-def test_paper_towers_end_in_the_predictive_factors(script, factors, tower, layers):
-    assert script.paper_layers(factors, tower) == layers
+def test_paper_towers_end_in_the_predictive_factors(factors, tower, layers):
+    assert paper.paper_layers(factors, tower) == layers
 
 
-def test_model_flops_count_the_mlperf_model_by_hand(script):
+def test_model_flops_count_the_mlperf_model_by_hand():
     # MLP 256->256->128->64: 65,536 + 32,768 + 8,192 multiply-adds; the final layer
     # reads 64 GMF + 64 MLP values; x2 FLOPs per multiply-add, x3 forward + backward.
-    assert script.model_flops_per_example(64, [256, 256, 128, 64]) == 6 * (106_496 + 128)
+    assert step_flops.model_flops_per_example(64, [256, 256, 128, 64]) == 6 * (106_496 + 128)
 
 
-def test_executed_flops_count_the_first_layer_once_per_step_on_the_tables(script):
+def test_executed_flops_count_the_first_layer_once_per_step_on_the_tables():
     # ML-1M: 6,040 + 3,706 = 9,746 table rows < 2 x 65,536: the first layer (256 -> 256,
     # 393,216 FLOPs per example forward + backward) runs on the tables' 128-wide halves
     # once per step: 6 x 9,746 x 128 x 256 FLOPs shared by 65,536 examples.
-    executed = script.executed_flops_per_example(64, [256, 256, 128, 64], 65536, 9746)
+    executed = step_flops.executed_flops_per_example(64, [256, 256, 128, 64], 65536, 9746)
     assert executed == pytest.approx(639_744 - 393_216 + 6 * 9746 * 128 * 256 / 65536)
     assert executed == 275_766  # 43% of the reference's 639,744
     # Tables as large as 2 x the batch: the graph is the reference's.
-    assert script.executed_flops_per_example(64, [256, 256, 128, 64], 100, 200) == 639_744
+    assert step_flops.executed_flops_per_example(64, [256, 256, 128, 64], 100, 200) == 639_744
 
 
-def test_the_step_products_are_each_layers_three_on_the_batch_or_on_the_tables(script):
+def test_the_step_products_are_each_layers_three_on_the_batch_or_on_the_tables():
     layers = [256, 256, 128, 64]
-    projected = script.step_products(64, layers, 65536, (6040, 3706))
+    projected = step_flops.step_products(64, layers, 65536, (6040, 3706))
     shapes = [product[1:] for product in projected]
     # The first layer's 128-wide halves on each table: forward, input and kernel gradient.
     assert shapes[:6] == [
@@ -70,28 +83,28 @@ def test_the_step_products_are_each_layers_three_on_the_batch_or_on_the_tables(s
         (65536, 128, 64),
         (65536, 128, 1),
     ]
-    assert script.product_flops(projected) == 275_766 * 65536
+    assert step_flops.product_flops(projected) == 275_766 * 65536
     # Without tables (or with tables as large as 2 x the batch): the reference's graph.
-    reference = script.step_products(64, layers, 65536)
+    reference = step_flops.step_products(64, layers, 65536)
     assert reference[0][1:] == (65536, 256, 256, False, False) and len(reference) == 12
-    assert script.product_flops(reference) == 639_744 * 65536
-    assert script.step_products(64, layers, 100, (100, 100)) == script.step_products(
+    assert step_flops.product_flops(reference) == 639_744 * 65536
+    assert step_flops.step_products(64, layers, 100, (100, 100)) == step_flops.step_products(
         64, layers, 100
     )
 
 
-def test_peaks_follow_the_vector_flags_and_the_clock(script):
+def test_peaks_follow_the_vector_flags_and_the_clock():
     cores = os.cpu_count() or 1
-    amx = script.cpu_peak_flops("avx avx2 fma avx512f amx_bf16", "CPU max MHz:  3000.0000\n")
+    amx = step_flops.cpu_peak_flops("avx avx2 fma avx512f amx_bf16", "CPU max MHz:  3000.0000\n")
     assert amx["fp32"][0] == cores * 3e9 * 64 and amx["bf16"][0] == cores * 3e9 * 2048
     assert "amx_bf16" in amx["bf16"][1] and "lscpu" in amx["fp32"][1]
-    avx2 = script.cpu_peak_flops("avx avx2 fma", "Model name: x\n")
+    avx2 = step_flops.cpu_peak_flops("avx avx2 fma", "Model name: x\n")
     # No bf16 unit: bf16 runs at the fp32 rate; no clock in lscpu: 2.5 GHz, said so.
     assert avx2["fp32"][0] == avx2["bf16"][0] == cores * 2.5e9 * 32
     assert "assumed" in avx2["fp32"][1]
 
 
-def test_the_wall_time_is_split_into_what_the_benchmark_log_measured(script):
+def test_the_wall_time_is_split_into_what_the_benchmark_log_measured():
     summary = {"kind": "summary", "total_seconds": 40.0, "first_wait_seconds": 1.5}
     summary["wait_seconds"] = 0.5
     records = [
@@ -100,7 +113,7 @@ def test_the_wall_time_is_split_into_what_the_benchmark_log_measured(script):
         {"kind": "evaluation", "train_seconds": 8.0, "eval_seconds": 3.0},
         summary,
     ]
-    assert script.wall_time_parts(46.0, summary, records) == {
+    assert time_to_target.wall_time_parts(46.0, summary, records) == {
         "process start and imports": 6.0,
         "run start-up and bookkeeping": 40.0 - 18.0 - 5.0 - 2.0,
         "waiting for data": 2.0,
@@ -109,7 +122,7 @@ def test_the_wall_time_is_split_into_what_the_benchmark_log_measured(script):
     }
 
 
-def test_the_fine_tuning_rate_is_chosen_on_validation_alone(script):
+def test_the_fine_tuning_rate_is_chosen_on_validation_alone():
     # 0.1 has the best test HR of any run and the best single validation HR, 0.01 the
     # best mean validation HR over the seeds: the choice is 0.01.
     runs = {
@@ -117,12 +130,12 @@ def test_the_fine_tuning_rate_is_chosen_on_validation_alone(script):
         0.01: [{"best_hr": 0.71, "test_hr": 0.66}, {"best_hr": 0.71, "test_hr": 0.66}],
         0.1: [{"best_hr": 0.72, "test_hr": 0.69}, {"best_hr": 0.69, "test_hr": 0.69}],
     }
-    assert script.chosen_on_validation(runs) == 0.01
+    assert pretrained.chosen_on_validation(runs) == 0.01
     # Equal means: the first setting given.
-    assert script.chosen_on_validation({0.5: runs[0.01], 0.2: runs[0.01]}) == 0.5
+    assert pretrained.chosen_on_validation({0.5: runs[0.01], 0.2: runs[0.01]}) == 0.5
 
 
-def test_the_mf_part_overrides_the_paper_flags_with_its_recipe(script):
+def test_the_mf_part_overrides_the_paper_flags_with_its_recipe():
     # After the paper protocol's flags (a later flag wins), the MF part is SGD at 0.008 per
     # example: a rate of 0.008 x the batch on ncf-main's batch-mean loss.
     from absl import flags
@@ -131,9 +144,11 @@ def test_the_mf_part_overrides_the_paper_flags_with_its_recipe(script):
 
     flag_values = flags.FlagValues()
     ncf_common.define_ncf_flags(flag_values)
-    paper = ["--dataset=ncf-ml-1m", "--num_factors=64", "--layers=512,256,128,64"]
-    paper += ["--mlp_regularization=0,0,0,0", "--batch_size=1024", "--learning_rate=0.001"]
-    flag_values(["ncf_main", *paper, "--num_neg=4", "--train_epochs=20", *script.PART_FLAGS["mf"]])
+    paper_flags = ["--dataset=ncf-ml-1m", "--num_factors=64", "--layers=512,256,128,64"]
+    paper_flags += ["--mlp_regularization=0,0,0,0", "--batch_size=1024", "--learning_rate=0.001"]
+    flag_values(
+        ["ncf_main", *paper_flags, "--num_neg=4", "--train_epochs=20", *pretrained.PART_FLAGS["mf"]]
+    )
     config = ncf_common.ncf_config_from_flags(flag_values)
     model = config.model
     assert (model.model_kind, model.optimizer, model.mf_dim) == ("mf", "sgd", 64)
@@ -142,36 +157,36 @@ def test_the_mf_part_overrides_the_paper_flags_with_its_recipe(script):
     assert model.row_regularization == 0.0025
 
 
-def test_the_peer_runs_without_our_pythonpath(script, tmp_path, monkeypatch):
+def test_the_peer_runs_without_our_pythonpath(tmp_path, monkeypatch):
     # Run from a worktree with PYTHONPATH naming it, our `official` would shadow the
     # peer's package (it has no `official.recommendation`: its setup failed so).
     peer = tmp_path / "peer.sh"
     peer.write_text('echo "args: $*"; echo "PYTHONPATH=[$PYTHONPATH] HOME=[$HOME]"\n')
     monkeypatch.setenv("PYTHONPATH", "/some/checkout")
     monkeypatch.setenv("HOME", "/home/kept")
-    _, log = script._peer(str(peer), ["--flag"], str(tmp_path / "peer.log"), timeout=60)
+    _, log = harness.run_peer(str(peer), ["--flag"], str(tmp_path / "peer.log"), timeout=60)
     assert "args: run --flag" in log
     assert "PYTHONPATH=[] HOME=[/home/kept]" in log
 
 
-def test_each_throughput_row_runs_the_configuration_it_names(script):
+def test_each_throughput_row_runs_the_configuration_it_names():
     # Through ncf-main's own flag parsing and the ml-1m preset, which turns XLA on for
     # the flags left unset: a row without XLA in its name must run without it.
     from absl import flags
 
     from recommendation.training import ncf_common
 
-    for name, extra in script.THROUGHPUT_ROWS:
+    for name, extra in throughput.THROUGHPUT_ROWS:
         flag_values = flags.FlagValues()
         ncf_common.define_ncf_flags(flag_values)
-        flag_values(["ncf_main", *script.MLPERF_MODEL, "--dataset=ml-1m", *extra])
+        flag_values(["ncf_main", *harness.MLPERF_MODEL, "--dataset=ml-1m", *extra])
         config = ncf_common.ncf_config_from_flags(flag_values)
         xla = "XLA" in name
         assert (config.enable_xla, config.batches_per_step) == (xla, 8 if xla else 1), name
         assert (config.model.dtype == "bf16") == ("bf16" in name), name
 
 
-def test_repeated_throughput_runs_take_turns(script):
+def test_repeated_throughput_runs_take_turns():
     # A slow spell of the machine (here the third and fourth calls) falls on both
     # sides when they alternate; in sequence it would fall on one side's runs only.
     calls, speeds = [], iter([10, 10, 4, 4, 10, 10])
@@ -183,7 +198,7 @@ def test_repeated_throughput_runs_take_turns(script):
 
         return run
 
-    results = script.alternated_runs({"ours": side("ours"), "old": side("old")}, 3)
+    results = throughput.alternated_runs({"ours": side("ours"), "old": side("old")}, 3)
     assert calls == [("ours", 0), ("old", 0), ("ours", 1), ("old", 1), ("ours", 2), ("old", 2)]
     assert results == {"ours": [10, 4, 10], "old": [10, 4, 10]}
 
@@ -214,10 +229,10 @@ FLAGS = ["--dataset=ncf-ml-1m", "--learning_rate=0.001", "--layers=64,32", "--en
 FLAGS += ["--clean", "--sparse_embedding_updates=False", "--seed=1", "--learning_rate=0.008"]
 
 
-def test_resume_reuses_a_finished_run_only_with_the_same_flags(script, tmp_path):
+def test_resume_reuses_a_finished_run_only_with_the_same_flags(tmp_path):
     log = tmp_path / "benchmark.jsonl"
     _benchmark_log(log, (RECORDED, True))
-    assert script.finished_run(str(log), FLAGS) == {
+    assert resume.finished_run(str(log), FLAGS) == {
         "kind": "summary",
         "best_hr": 0.5,
         "total_seconds": 9.5,
@@ -232,23 +247,23 @@ def test_resume_reuses_a_finished_run_only_with_the_same_flags(script, tmp_path)
         "--dataset=ml-1m",
         "--num_neg=8",  # a flag the run did not record
     ):
-        assert script.finished_run(str(log), [*FLAGS, other]) is None, other
+        assert resume.finished_run(str(log), [*FLAGS, other]) is None, other
 
 
-def test_resume_runs_again_what_did_not_finish(script, tmp_path):
+def test_resume_runs_again_what_did_not_finish(tmp_path):
     log = tmp_path / "benchmark.jsonl"
-    assert script.finished_run(str(log), FLAGS) is None  # never started
+    assert resume.finished_run(str(log), FLAGS) is None  # never started
     _benchmark_log(log, (RECORDED, False))
-    assert script.finished_run(str(log), FLAGS) is None  # stopped before its summary
+    assert resume.finished_run(str(log), FLAGS) is None  # stopped before its summary
     _benchmark_log(log, (RECORDED, True), (RECORDED, False))
-    assert script.finished_run(str(log), FLAGS) is None  # a later run in the log stopped
+    assert resume.finished_run(str(log), FLAGS) is None  # a later run in the log stopped
     _benchmark_log(log, (RECORDED, True))
     with open(log, "a") as cut:
         cut.write('{"kind": "evalua')  # a line cut short by a kill
-    assert script.finished_run(str(log), FLAGS) is None
+    assert resume.finished_run(str(log), FLAGS) is None
 
 
-def test_resume_runs_again_a_run_whose_pretrained_part_was_trained_again(script, tmp_path):
+def test_resume_runs_again_a_run_whose_pretrained_part_was_trained_again(tmp_path):
     part, run = tmp_path / "part", tmp_path / "run"
     os.makedirs(part)
     os.makedirs(run)
@@ -258,23 +273,23 @@ def test_resume_runs_again_a_run_whose_pretrained_part_was_trained_again(script,
     _benchmark_log(run / "benchmark.jsonl", (recorded, True))
     os.utime(part / "benchmark.jsonl", (1000, 1000))
     os.utime(run / "benchmark.jsonl", (2000, 2000))
-    assert script.finished_run(str(run / "benchmark.jsonl"), flags) is not None
+    assert resume.finished_run(str(run / "benchmark.jsonl"), flags) is not None
     os.utime(part / "benchmark.jsonl", (3000, 3000))  # the part finished again since
-    assert script.finished_run(str(run / "benchmark.jsonl"), flags) is None
+    assert resume.finished_run(str(run / "benchmark.jsonl"), flags) is None
 
 
-def test_resume_runs_only_the_runs_it_cannot_reuse(script, tmp_path, monkeypatch):
+def test_resume_runs_only_the_runs_it_cannot_reuse(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(script, "_ours", lambda flags, log_path: (ran.append(log_path), 3.0)[1:])
+    monkeypatch.setattr(resume, "run_ours", lambda flags, log_path: (ran.append(log_path), 3.0)[1:])
     os.makedirs(tmp_path / "finished")
     recorded = {**RECORDED, "benchmark_log_dir": f"{tmp_path}/finished"}
     _benchmark_log(tmp_path / "finished" / "benchmark.jsonl", (recorded, True))
     work = str(tmp_path)
-    resume, no_resume = argparse.Namespace(resume=True), argparse.Namespace(resume=False)
-    assert script._run_or_resume(resume, work, "finished", FLAGS) == 9.5  # its log's seconds
+    resuming, not_resuming = argparse.Namespace(resume=True), argparse.Namespace(resume=False)
+    assert resume.run_or_resume(resuming, work, "finished", FLAGS) == 9.5  # its log's seconds
     assert ran == []
-    assert script._run_or_resume(resume, work, "other", FLAGS) == 3.0
-    assert script._run_or_resume(no_resume, work, "finished", FLAGS) == 3.0
+    assert resume.run_or_resume(resuming, work, "other", FLAGS) == 3.0
+    assert resume.run_or_resume(not_resuming, work, "finished", FLAGS) == 3.0
     assert ran == [f"{work}/other.log", f"{work}/finished.log"]
 
 
@@ -291,7 +306,7 @@ def _flag(flags, name):
     return [flag.partition("=")[2] for flag in flags if flag.startswith(f"--{name}=")][-1]
 
 
-def _fake_runs(script, monkeypatch, selected_epoch) -> dict:
+def _fake_runs(monkeypatch, selected_epoch) -> dict:
     """Replaces ncf-main runs with benchmark logs: a validation run of seed s selects
     `selected_epoch`(its name without factors, seed and rate) + s - 1; a test-split run
     has test HR 0.72 + s / 1000 after its last epoch. Returns {run name: its flags}."""
@@ -311,14 +326,14 @@ def _fake_runs(script, monkeypatch, selected_epoch) -> dict:
         _benchmark_log(f"{work}/{name}/benchmark.jsonl", ({}, True), summary=summary)
         return 1.0
 
-    monkeypatch.setattr(script, "_run_or_resume", fake_run)
+    monkeypatch.setattr(paper, "run_or_resume", fake_run)
     return ran
 
 
 def test_refit_trains_the_paper_runs_again_for_their_selected_epochs(
     script, tmp_path, monkeypatch, capsys
 ):
-    ran = _fake_runs(script, monkeypatch, lambda name: 2)
+    ran = _fake_runs(monkeypatch, lambda name: 2)
     argv = ["benchmark_training.py", "--suite=paper", "--ncf_dir=/data/ncf", "--refit"]
     argv += ["--paper_factors=8", "--paper_seed=1", "--paper_seed=3", f"--log_dir={tmp_path}"]
     monkeypatch.setattr("sys.argv", argv)
@@ -340,7 +355,7 @@ def test_refit_trains_each_chosen_run_again_on_all_data_for_its_selected_epochs(
     # the test split, the NeuMF from the refit parts, and the mean row reports their
     # test HR, not the validation runs'.
     selected = {"mlp": 5, "mf": 40, "neumf_mf": 0}
-    ran = _fake_runs(script, monkeypatch, lambda name: selected[name.split("_", 2)[2]])
+    ran = _fake_runs(monkeypatch, lambda name: selected[name.split("_", 2)[2]])
     argv = ["benchmark_training.py", "--suite=pretrained", "--ncf_dir=/data/ncf"]
     argv += ["--paper_factors=64", "--paper_seed=1", "--paper_seed=2"]
     argv += ["--pretrain_gmf_part=mf", "--pretrain_epochs=5", f"--log_dir={tmp_path}", "--refit"]

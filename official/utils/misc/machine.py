@@ -1,6 +1,6 @@
 """What machine a benchmark ran on, and what its processes used.
 
-The machines benchmarks run on change between sessions (AMD without AVX-512 one
+The machines benchmarks run on change between runs (AMD without AVX-512 one
 time, Intel with AMX another), so every benchmark table names the CPU behind it:
 its model name and the vector ISA extensions it has, and whether TensorFlow's processes
 run its oneDNN kernels there (`official` turns them on; a user's setting wins).
