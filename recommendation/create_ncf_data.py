@@ -14,11 +14,11 @@ import sys
 
 from absl import app, flags
 
-from recommendation.data import data_preprocessing, movielens
+from recommendation.data import movielens, preprocessing_cache
 from recommendation.training import ncf_common
 
 
-def summary_lines(result: data_preprocessing.LoadResult, dataset: str) -> list[str]:
+def summary_lines(result: preprocessing_cache.LoadResult, dataset: str) -> list[str]:
     """Human-readable statistics of a prepared dataset."""
     data = result.data
     source = "loaded from cache" if result.from_cache else f"built ({result.reason})"
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = ncf_common.data_config_from_flags(flags.FLAGS)
     try:
-        result = data_preprocessing.load_or_build(config)
+        result = preprocessing_cache.load_or_build(config)
     except movielens.DataError as error:
         sys.exit(f"error: {error}")
     print("\n".join(summary_lines(result, config.dataset)))

@@ -51,7 +51,7 @@ from official.core import distribution_utils
 from official.core.model_dir import ModelDirError
 from official.core.runner import Runner
 from official.utils.misc import atomic, errors
-from recommendation.data import constants, data_preprocessing, movielens
+from recommendation.data import constants, movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.model import neumf_model
 from recommendation.model.network import NeuMF
@@ -477,7 +477,7 @@ def export_from_checkpoint(config: ncf_common.NcfConfig) -> float | None:
         raise ExportError("--export_dir is required: where to write the export")
     if config.export_onnx:
         require_onnx()
-    data = data_preprocessing.load_or_build(config.data).data
+    data = preprocessing_cache.load_or_build(config.data).data
     params = dataclasses.replace(config.model, num_users=data.num_users, num_items=data.num_items)
     strategy = distribution_utils.get_distribution_strategy("one_device", config.num_gpus)
     runner = Runner(

@@ -41,11 +41,13 @@ from official.utils.flags.core import (
 )
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc import atomic, errors
-from recommendation.online import callbacks, eviction, online_ncf, sources
+from recommendation.online import callbacks, eviction, online_ncf, redis_source, sources
+from recommendation.online.callback_base import Callback
+from recommendation.online.dead_letters import DeadLetterFile
 from recommendation.online.event_stream import EventStream
 from recommendation.online.online_ncf import OnlineParams
-from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, Callback, RecModel
-from recommendation.training import ncf_common
+from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, RecModel
+from recommendation.training import ncf_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +117,9 @@ def make_source(config: OnlineConfig):
                 f"cannot reach Redis at {config.redis_url} ({error}): start redis-server "
                 "or fix --redis_url"
             ) from None
-        return sources.RedisSource(client, config.stream, config.group, config.consumer)
+        return redis_source.RedisSource(client, config.stream, config.group, config.consumer)
     dead_letter = config.dead_letter_file or os.path.join(config.model_dir, "dead_letters.jsonl")
-    return sources.DirectorySource(config.events_dir, sources.DeadLetterFile(dead_letter))
+    return sources.DirectorySource(config.events_dir, DeadLetterFile(dead_letter))
 
 
 def make_callbacks(config: OnlineConfig) -> list[Callback]:
@@ -299,7 +301,7 @@ ONLINE_FLAGS = (
     FlagSpec("export_dir", "Folder of SavedModel versions."),
     FlagSpec("keep_exports", "Export versions kept.", checks=(POSITIVE,)),
     FlagSpec("batch_size", "Events per training step.", checks=(POSITIVE,)),
-    *core.at(ncf_common.SHARED_FLAGS, num_neg="model.num_neg"),
+    *core.at(ncf_flags.SHARED_FLAGS, num_neg="model.num_neg"),
     FlagSpec(
         "user_capacity",
         "Rows of the user hash table.",

@@ -28,7 +28,8 @@ from absl import app, flags
 
 from recommendation.data import constants, event_stream_data
 from recommendation.online import callbacks, online_ncf
-from recommendation.online.rec_model import Callback, StreamBatch
+from recommendation.online.callback_base import Callback
+from recommendation.online.stream_batches import StreamBatch
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("live_ids", 1_000_000, "Users of the stream, all held by the table.")

@@ -26,10 +26,15 @@ import tempfile
 import time
 
 from official.utils.misc import machine
-from recommendation.data import data_preprocessing
+from recommendation.data import data_preprocessing, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig
-from recommendation.producer import data_async_generation as generation
-from recommendation.producer import data_pipeline, run_folder, stat_utils
+from recommendation.producer import (
+    data_pipeline,
+    negative_sampling,
+    run_folder,
+    shard_writing,
+    stat_utils,
+)
 
 _DATASET_BY_FILE = {"ratings.dat": "ml-1m", "ratings.csv": "ml-20m", "u.data": "ml-100k"}
 
@@ -43,7 +48,7 @@ def _prepare(ratings: str, work_dir: str) -> data_preprocessing.PreprocessedData
     if not os.path.exists(link):
         os.symlink(os.path.abspath(ratings), link)
     config = DataConfig(dataset=dataset, data_dir=data_dir)
-    return data_preprocessing.load_or_build(config).data
+    return preprocessing_cache.load_or_build(config).data
 
 
 def measure(
@@ -52,7 +57,7 @@ def measure(
     num_neg: int,
     workers: int,
     work_dir: str,
-) -> tuple[dict, generation.TrainingEpoch]:
+) -> tuple[dict, negative_sampling.TrainingEpoch]:
     """One epoch generated, written as one cycle and the eval set built, on `workers`."""
     row = {"workers": workers, "positives": data.num_train_positives}
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -62,27 +67,29 @@ def measure(
         )
         row["index_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        epoch = generation.training_epoch(data, exclusion, num_neg, seed=0, epoch=0, pool=pool)
+        epoch = negative_sampling.training_epoch(
+            data, exclusion, num_neg, seed=0, epoch=0, pool=pool
+        )
         row["epoch_s"] = time.perf_counter() - start
         row["points"] = len(epoch.users)
         folder = os.path.join(work_dir, "cycle")
         num_batches = -(-len(epoch.users) // batch_size)
         start = time.perf_counter()
-        writers = generation.open_writers(folder, run_folder.NUM_SHARDS)
-        generation.write_shards(
+        writers = shard_writing.open_writers(folder, run_folder.NUM_SHARDS)
+        shard_writing.write_shards(
             writers,
-            lambda b, e=epoch: generation.train_batch(e, b, batch_size),
+            lambda b, e=epoch: shard_writing.train_batch(e, b, batch_size),
             run_folder.train_record(batch_size),
             num_batches,
             pool,
         )
-        generation.close_writers(writers)
+        shard_writing.close_writers(writers)
         row["write_s"] = time.perf_counter() - start
         row["cycle"] = run_folder.CycleInfo(
             0, folder, 1, num_batches, batch_size, run_folder.NUM_SHARDS
         )
         start = time.perf_counter()
-        generation.eval_blocks(data, 999, seed=0, pool=pool)
+        negative_sampling.eval_blocks(data, 999, seed=0, pool=pool)
         row["eval_s"] = time.perf_counter() - start
     return row, epoch
 
@@ -95,7 +102,7 @@ def read_seconds(cycle: run_folder.CycleInfo) -> float:
     return time.perf_counter() - start
 
 
-def _same_epoch(a: generation.TrainingEpoch, b: generation.TrainingEpoch) -> bool:
+def _same_epoch(a: negative_sampling.TrainingEpoch, b: negative_sampling.TrainingEpoch) -> bool:
     return all(
         getattr(a, field).tobytes() == getattr(b, field).tobytes()
         for field in ("users", "items", "labels")

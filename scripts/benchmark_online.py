@@ -59,12 +59,12 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import replay_events  # noqa: E402  (a sibling script)
 
-from recommendation.data import data_preprocessing, movielens
+from recommendation.data import movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.model import neumf_model
-from recommendation.online import sources, versioned_export  # noqa: E402
+from recommendation.online import redis_source, versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
-from recommendation.producer import data_async_generation  # noqa: E402
+from recommendation.producer import negative_sampling  # noqa: E402
 from recommendation.training import cycles
 from recommendation.training.ncf_common import NcfConfig  # noqa: E402
 
@@ -162,9 +162,9 @@ def _split(ratings_path: str, work_dir: str, seed: int):
     config = DataConfig(
         dataset=movielens.ML_1M, data_dir=data_dir, cache_dir=os.path.join(work_dir, "cache")
     )
-    data = data_preprocessing.load_or_build(config).data
+    data = preprocessing_cache.load_or_build(config).data
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        blocks = data_async_generation.eval_blocks(data, 999, seed, pool)
+        blocks = negative_sampling.eval_blocks(data, 999, seed, pool)
     events = replay_events.load_events(ratings_path, movielens.DAT_FORMAT)
     held_out = data.user_ids.astype(np.int64) * 10**7 + data.item_ids[data.eval_items]
     keep = ~np.isin(events[:, 0] * 10**7 + events[:, 1], held_out)
@@ -312,7 +312,7 @@ class _ExportWatcher(threading.Thread):
                         position = versioned_export.read_info(path)["position"]
                     except (tf.errors.NotFoundError, FileNotFoundError):
                         continue  # already replaced by a newer one
-                    self.seen.append((time.time(), sources.redis_entry_id(position)))
+                    self.seen.append((time.time(), redis_source.redis_entry_id(position)))
             time.sleep(0.02)
 
 

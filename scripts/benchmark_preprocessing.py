@@ -14,7 +14,7 @@ Methods:
   ours              `ratings_readers.read_ratings_file` + `data_preprocessing.preprocess`.
   ours_ml_perf      the same with ``ml_perf=True`` (the reference's tie order), used to
                     check that both methods produce the same split.
-  cache_build       `data_preprocessing.load_or_build` on an empty cache dir (builds it).
+  cache_build       `preprocessing_cache.load_or_build` on an empty cache dir (builds it).
   cache_load        `load_or_build` again, in a fresh process: loads the cache.
   reference         a faithful re-implementation of the Model Garden NCF
                     ``data_preprocessing._filter_index_sort`` (TF Model Garden 2.15).
@@ -112,7 +112,7 @@ def run_ours(ratings: str, ml_perf: bool, progress: Progress) -> dict:
 
 def run_cache(dataset: str, work_dir: str, progress: Progress) -> dict:
     """Times one `load_or_build` call against the cache in `work_dir`."""
-    from recommendation.data import data_preprocessing
+    from recommendation.data import data_preprocessing, preprocessing_cache
 
     config = data_preprocessing.DataConfig(
         dataset=dataset,
@@ -121,7 +121,7 @@ def run_cache(dataset: str, work_dir: str, progress: Progress) -> dict:
     )
     progress.event(event="start", time=time.time())
     start = time.perf_counter()
-    result = data_preprocessing.load_or_build(config)
+    result = preprocessing_cache.load_or_build(config)
     end = time.perf_counter()
     return {
         "total_s": end - start,

@@ -26,7 +26,7 @@ import redis
 import tensorflow as tf
 
 from official.core.runner import Runner
-from recommendation.data import data_preprocessing, synthetic_data
+from recommendation.data import preprocessing_cache, synthetic_data
 from recommendation.data.data_preprocessing import DataConfig, PreprocessedData
 from recommendation.model import neumf_model
 from recommendation.model.hyperparams import ModelParams
@@ -144,6 +144,50 @@ def tiny_train_input_fn() -> tf.data.Dataset:
     return data_pipeline.synthetic_train_input_fn(
         32, TINY_PARAMS.num_users, TINY_PARAMS.num_items, seed=3
     )
+
+
+# Fixtures that start a server: a test that asks for one is an integration test.
+SERVER_FIXTURES = frozenset(
+    {"redis_server", "redis6_server", "valkey_server", "each_redis_server", "gcs"}
+)
+
+# What starts another process or sends a signal; a test that does either is an
+# integration test (`-m "not integration"` runs the rest in-process, in seconds).
+_PROCESS_STARTERS = (
+    (subprocess.Popen, "__init__"),
+    (os, "fork"),
+    (os, "posix_spawn"),
+    (os, "kill"),
+    (signal, "raise_signal"),
+    (signal, "pthread_kill"),
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _integration_tests_are_marked(request, monkeypatch):
+    """Fails a test that starts a process or sends a signal without the `integration`
+    marker, so that the marker cannot fall behind what the tests do."""
+    if request.node.get_closest_marker("integration"):
+        return
+
+    def refuse(owner, name):
+        def starter(*args, **kwargs):
+            pytest.fail(
+                f"{request.node.nodeid} calls {getattr(owner, '__name__', owner)}.{name}: "
+                "mark it @pytest.mark.integration (it starts a process or sends a signal)",
+                pytrace=False,
+            )
+
+        return starter
+
+    for owner, name in _PROCESS_STARTERS:
+        monkeypatch.setattr(owner, name, refuse(owner, name))
 
 
 @pytest.fixture(autouse=True)
@@ -426,7 +470,8 @@ def damage_checkpoint(prefix: str, how: str) -> str:
 
 
 def tiny_ncf_config(root, **overrides) -> NcfConfig:
-    """The test configuration of ncf_main (Flax-style): 300 users, a small NeuMF."""
+    """The test configuration of ncf_main (Flax-style): 300 users, a small NeuMF, the
+    producer in a thread of the test's process (the same data as its own process)."""
     values = dict(
         data=DataConfig(dataset="synthetic", data_dir=str(root / "data"), synthetic=TINY_SPEC),
         model_dir=str(root / "model"),
@@ -434,6 +479,7 @@ def tiny_ncf_config(root, **overrides) -> NcfConfig:
         batch_size=2048,
         num_eval_negatives=99,
         seed=1,
+        use_subprocess=False,
         model=ModelParams(
             num_users=0,
             num_items=0,
@@ -473,7 +519,7 @@ def trained_export(tmp_path_factory) -> TrainedExport:
     return TrainedExport(
         export_dir=config.export_dir,
         config=config,
-        data=data_preprocessing.load_or_build(config.data).data,
+        data=preprocessing_cache.load_or_build(config.data).data,
         model=result.runner.state.model,
         onnx_max_difference=result.summary["onnx_max_score_difference"],
     )

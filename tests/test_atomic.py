@@ -116,6 +116,7 @@ def test_files_that_belong_together_are_all_written_before_any_is_renamed(tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["arrays.npz", "metadata.json"]
 
 
+@pytest.mark.integration
 def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     path = tmp_path / "log.txt"
     path.write_text("earlier")
@@ -127,6 +128,7 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     assert os.listdir(tmp_path) == ["log.txt"] and _read(path) == "later"
 
 
+@pytest.mark.integration
 def test_a_running_writers_temporaries_are_left_alone(tmp_path, running_pid, dead_pid):
     running = tmp_path / f".log.txt.tmp-{running_pid}-0badcafe"
     dead = tmp_path / f".log.txt.tmp-{dead_pid}-0badcafe"
@@ -191,6 +193,7 @@ def test_a_failure_in_the_block_or_the_swap_keeps_the_earlier_folder(tmp_path, m
     assert _read(tmp_path / "export/contents.txt") == "earlier"
 
 
+@pytest.mark.integration
 def test_a_folder_moved_aside_by_a_killed_swap_is_put_back(tmp_path):
     _write_folder(tmp_path / "export", "earlier")
     _killed_writer(
@@ -207,6 +210,7 @@ def test_a_folder_moved_aside_by_a_killed_swap_is_put_back(tmp_path):
     assert _read(tmp_path / "export/contents.txt") == "earlier"
 
 
+@pytest.mark.integration
 def test_a_folder_left_by_a_writer_killed_in_the_block_is_removed(tmp_path):
     _write_folder(tmp_path / "export", "earlier")
     _killed_writer(
@@ -224,6 +228,7 @@ def test_a_folder_left_by_a_writer_killed_in_the_block_is_removed(tmp_path):
     assert _read(tmp_path / "export/contents.txt") == "later"
 
 
+@pytest.mark.integration
 def test_a_removed_folder_vanishes_at_once_even_if_the_removal_is_killed(tmp_path):
     _write_folder(tmp_path / "10", "version 10")
     _write_folder(tmp_path / "20", "version 20")
@@ -234,6 +239,7 @@ def test_a_removed_folder_vanishes_at_once_even_if_the_removal_is_killed(tmp_pat
     assert os.listdir(tmp_path) == ["20"]  # finished, never put back
 
 
+@pytest.mark.integration
 def test_files_through_a_gfile_filesystem(dead_pid):
     # TensorFlow's in-memory filesystem stands for gs:// here (its folder renames do not
     # move the files inside, so it takes no folders).

@@ -157,6 +157,7 @@ def test_the_mf_part_overrides_the_paper_flags_with_its_recipe():
     assert model.row_regularization == 0.0025
 
 
+@pytest.mark.integration
 def test_the_peer_runs_without_our_pythonpath(tmp_path, monkeypatch):
     # Run from a worktree with PYTHONPATH naming it, our `official` would shadow the
     # peer's package (it has no `official.recommendation`: its setup failed so).

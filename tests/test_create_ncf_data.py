@@ -6,6 +6,7 @@ import os
 import subprocess
 import zipfile
 
+import pytest
 from conftest import TINY_ROWS, run_module, write_movielens
 
 
@@ -13,6 +14,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return run_module("recommendation.create_ncf_data", *args)
 
 
+@pytest.mark.integration
 def test_synthetic_offline_prints_statistics(tmp_path):
     result = _run(
         "--dataset=synthetic",
@@ -28,6 +30,7 @@ def test_synthetic_offline_prints_statistics(tmp_path):
     assert "evaluation users:    300\n" in result.stdout
 
 
+@pytest.mark.integration
 def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path):
     path = write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS, "dat")
     with open(path, "a") as out:
@@ -42,12 +45,14 @@ def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path):
     assert os.listdir(tmp_path / "ml-1m") == ["ratings.dat"]
 
 
+@pytest.mark.integration
 def test_unknown_dataset_is_rejected_at_start_up():
     result = _run("--dataset=ml-2m")
     assert result.returncode != 0
     assert "flag --dataset=ml-2m: value should be one of" in result.stderr
 
 
+@pytest.mark.integration
 def test_unwritable_cache_dir_gives_one_line_naming_it_and_the_fix(tmp_path):
     write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS, "dat")
     (tmp_path / "file").write_text("")
@@ -67,6 +72,7 @@ def test_unwritable_cache_dir_gives_one_line_naming_it_and_the_fix(tmp_path):
     ]
 
 
+@pytest.mark.integration
 def test_release_archive_in_data_dir_is_used_offline(tmp_path):
     ratings = "".join(f"{user}::{item}::4::{time}\n" for user, item, time in TINY_ROWS)
     with zipfile.ZipFile(tmp_path / "ml-1m.zip", "w") as archive:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from recommendation.data import data_preprocessing, synthetic_data
-from recommendation.producer import data_async_generation, stat_utils
+from recommendation.producer import negative_sampling, stat_utils
 
 SPEC = synthetic_data.SyntheticSpec(num_users=120, num_items=90, num_ratings=4000)
 
@@ -41,7 +41,7 @@ def test_epochs_hold_each_positive_once_and_num_neg_true_negatives(
         zip(data.train_users().tolist(), data.train_items.tolist(), strict=True)
     )
     for epoch_index in range(3):
-        epoch = data_async_generation.training_epoch(
+        epoch = negative_sampling.training_epoch(
             data, exclusion, num_neg, 5, epoch_index, pool, chunk_points=chunk_points
         )
         assert len(epoch.users) == data.num_train_positives * (1 + num_neg)
@@ -68,7 +68,7 @@ def test_negatives_are_uniform_over_each_users_allowed_items(data, pool):
     allowed = np.array([item for item in range(data.num_items) if item not in positives[user]])
     counts = np.zeros(data.num_items)
     for epoch_index in range(40):
-        epoch = data_async_generation.training_epoch(
+        epoch = negative_sampling.training_epoch(
             data, exclusion, 4, seed=6, epoch=epoch_index, pool=pool
         )
         chosen = (~epoch.labels) & (epoch.users == user)
@@ -89,7 +89,7 @@ def test_an_epoch_is_the_same_bytes_whatever_the_worker_count(data):
     for workers in (1, 3):
         with concurrent.futures.ThreadPoolExecutor(workers) as executor:
             epochs.append(
-                data_async_generation.training_epoch(
+                negative_sampling.training_epoch(
                     data, exclusion, 4, seed=3, epoch=1, pool=executor, chunk_points=777
                 )
             )
@@ -118,7 +118,7 @@ def test_the_shuffle_is_uniform_within_each_range(pool):
     keys = data.train_users().astype(np.int64) * num_items + data.train_items
     successions = 0
     for epoch_index in range(num_epochs):
-        epoch = data_async_generation.training_epoch(
+        epoch = negative_sampling.training_epoch(
             data, exclusion, 4, seed=9, epoch=epoch_index, pool=pool, chunk_points=8
         )
         at = np.flatnonzero(epoch.labels)
@@ -133,7 +133,7 @@ def test_the_shuffle_is_uniform_within_each_range(pool):
 
 
 def test_eval_blocks_hold_negatives_then_the_holdout(data, pool):
-    blocks = data_async_generation.eval_blocks(data, num_eval_negatives=999, seed=2, pool=pool)
+    blocks = negative_sampling.eval_blocks(data, num_eval_negatives=999, seed=2, pool=pool)
     assert blocks.items.shape == (data.num_users, 1000)
     np.testing.assert_array_equal(blocks.items[:, -1], data.eval_items)
     assert not blocks.duplicate_mask[:, -1].any()  # the held-out item always counts
@@ -158,7 +158,7 @@ def test_fixed_negatives_are_used_as_given_and_masked_against_the_holdout(pool):
         eval_items=np.array([2, 3], np.int32),
         eval_negatives=np.array([[4, 2, 4], [1, 0, 4]], np.int32),
     )
-    blocks = data_async_generation.eval_blocks(data, num_eval_negatives=999, seed=0, pool=pool)
+    blocks = negative_sampling.eval_blocks(data, num_eval_negatives=999, seed=0, pool=pool)
     assert blocks.items.tolist() == [[4, 2, 4, 2], [1, 0, 4, 3]]
     # User 0: its own held-out item among the negatives is the copy that is masked.
     assert blocks.duplicate_mask.tolist() == [[False, True, True, False], [False] * 4]

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from official.core import signals
 from official.utils.logs import mlperf_helper
-from recommendation.data import constants, data_preprocessing, synthetic_data
+from recommendation.data import constants, data_preprocessing, preprocessing_cache, synthetic_data
 from recommendation.producer import data_pipeline, run_folder
 from recommendation.producer.data_async_generation import Producer
 from recommendation.producer.data_pipeline import ProducerError, ProducerHandle
@@ -32,7 +32,7 @@ def cache_path(tmp_path_factory):
     config = data_preprocessing.DataConfig(
         dataset="synthetic", data_dir=str(folder), synthetic=SPEC, seed=3
     )
-    return data_preprocessing.load_or_build(config).cache_path
+    return preprocessing_cache.load_or_build(config).cache_path
 
 
 @pytest.fixture(autouse=True)
@@ -75,8 +75,9 @@ def _points_read(dataset) -> tuple[int, int, int]:
     return batches, positives, valid
 
 
+@pytest.mark.integration
 def test_cycles_and_eval_through_a_producer_process(cache_path, tmp_path):
-    num_train = data_preprocessing.read_cache(cache_path).num_train_positives
+    num_train = preprocessing_cache.read_cache(cache_path).num_train_positives
     with ProducerHandle(_params(cache_path), str(tmp_path)) as producer:
         eval_info = producer.eval_data()
         assert (eval_info.num_users, eval_info.block_size) == (200, 100)
@@ -172,7 +173,7 @@ def test_a_ready_file_is_written_only_after_every_shard_is_closed(cache_path, tm
     """Eval folder and every cycle: no ready file while a shard is open; then one,
     over complete shards."""
     params = _params(cache_path, epochs_per_cycle=(1, 2), cycles_to_buffer=2, batch_size=256)
-    num_train = data_preprocessing.read_cache(cache_path).num_train_positives
+    num_train = preprocessing_cache.read_cache(cache_path).num_train_positives
     batches_per_epoch = -(-num_train * 5 // 256)
     expected = {
         run_folder.EVAL_FOLDERS[constants.TEST_SPLIT]: -(-200 // 48),
@@ -189,6 +190,7 @@ def test_a_ready_file_is_written_only_after_every_shard_is_closed(cache_path, tm
         assert os.path.exists(tmp_path / folder / run_folder.READY_FILE)
 
 
+@pytest.mark.integration
 def test_killed_producer_raises_instead_of_hanging(cache_path, tmp_path):
     params = _params(cache_path, epochs_per_cycle=(1,) * 50, cycles_to_buffer=1)
     with ProducerHandle(params, str(tmp_path), stall_timeout_sec=60) as producer:
@@ -205,6 +207,7 @@ def test_killed_producer_raises_instead_of_hanging(cache_path, tmp_path):
                 producer.release(cycle)
 
 
+@pytest.mark.integration
 def test_stalled_producer_raises_after_the_stall_timeout(cache_path, tmp_path):
     params = _params(cache_path, epochs_per_cycle=(1,) * 50, cycles_to_buffer=1)
     with ProducerHandle(params, str(tmp_path), stall_timeout_sec=2) as producer:
@@ -219,6 +222,7 @@ def test_stalled_producer_raises_after_the_stall_timeout(cache_path, tmp_path):
             os.kill(producer._process.pid, signal.SIGCONT)
 
 
+@pytest.mark.integration
 def test_crashing_producer_reports_status_and_log(tmp_path):
     params = _params(str(tmp_path / "missing_cache.npz"))
     with ProducerHandle(params, str(tmp_path)) as producer:
@@ -245,6 +249,7 @@ _TRAINER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_trainer_signals_leave_no_producer_and_no_files(cache_path, tmp_path, signal_number):
     trainer = subprocess.Popen(
@@ -316,6 +321,7 @@ def test_an_unwritable_run_folder_is_one_clear_error(cache_path, tmp_path):
         ProducerHandle(_params(cache_path), str(blocked / "runs")).launch()
 
 
+@pytest.mark.integration
 def test_a_start_interrupted_before_the_producer_is_up_leaves_nothing(cache_path, tmp_path):
     producer = ProducerHandle(_params(cache_path), str(tmp_path))
     with signals.stop_on_signals():
@@ -327,6 +333,7 @@ def test_a_start_interrupted_before_the_producer_is_up_leaves_nothing(cache_path
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.integration
 def test_a_producer_whose_trainer_is_already_gone_cleans_up_and_exits(tmp_path):
     # The trainer can die (kill -9) before the producer it started has even looked at
     # its parent; the producer must not take whoever adopted it for its trainer.

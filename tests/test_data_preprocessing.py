@@ -17,7 +17,13 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_ROWS, write_movielens
 
-from recommendation.data import data_preprocessing, movielens, ratings_readers, synthetic_data
+from recommendation.data import (
+    data_preprocessing,
+    movielens,
+    preprocessing_cache,
+    ratings_readers,
+    synthetic_data,
+)
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.data.movielens import DataError
 from recommendation.data.ratings_readers import RawRatings
@@ -231,7 +237,7 @@ def _write_source(kind: str, root) -> DataConfig:
     "kind", ["dat", "u.data", "csv", "generic-csv", "generic-parquet", "synthetic", "ncf"]
 )
 def test_no_held_out_item_is_a_training_item(kind, tmp_path):
-    data = data_preprocessing.load_or_build(_write_source(kind, tmp_path)).data
+    data = preprocessing_cache.load_or_build(_write_source(kind, tmp_path)).data
     users = data.train_users()
     assert not np.any(data.train_items == data.eval_items[users])
     pairs = users.astype(np.int64) * data.num_items + data.train_items
@@ -259,8 +265,8 @@ def _assert_same_data(left, right):
 
 
 def test_cache_is_built_then_reused(tiny_ml1m):
-    first = data_preprocessing.load_or_build(_config(tiny_ml1m))
-    second = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    first = preprocessing_cache.load_or_build(_config(tiny_ml1m))
+    second = preprocessing_cache.load_or_build(_config(tiny_ml1m))
     assert (first.from_cache, first.reason) == (False, "no cache yet")
     assert second.from_cache
     _assert_same_data(first.data, second.data)
@@ -269,34 +275,34 @@ def test_cache_is_built_then_reused(tiny_ml1m):
 
 
 def test_cache_survives_a_touch_but_not_an_edit(tiny_ml1m):
-    data_preprocessing.load_or_build(_config(tiny_ml1m))
+    preprocessing_cache.load_or_build(_config(tiny_ml1m))
     path = os.path.join(tiny_ml1m, "ml-1m", "ratings.dat")
     os.utime(path, (time.time() + 5, time.time() + 5))
-    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).from_cache
+    assert preprocessing_cache.load_or_build(_config(tiny_ml1m)).from_cache
     with open(path, "a") as out:
         out.write("30::504::4::70\n")
-    result = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    result = preprocessing_cache.load_or_build(_config(tiny_ml1m))
     assert result.reason == f"source {path} changed"
     assert result.data.item_ids[result.data.eval_items].tolist() == [501, 504]
 
 
 def test_cache_rebuilt_on_parameter_change_and_age(tiny_ml1m):
-    data_preprocessing.load_or_build(_config(tiny_ml1m))
-    changed = data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True))
+    preprocessing_cache.load_or_build(_config(tiny_ml1m))
+    changed = preprocessing_cache.load_or_build(_config(tiny_ml1m, ml_perf=True))
     assert changed.reason == "parameters changed"
-    aged = data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True, cache_max_age_sec=0))
+    aged = preprocessing_cache.load_or_build(_config(tiny_ml1m, ml_perf=True, cache_max_age_sec=0))
     assert aged.reason == "cache is older than its maximum age"
 
 
 def test_corrupt_cache_is_rebuilt_with_a_warning(tiny_ml1m, caplog):
-    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    built = preprocessing_cache.load_or_build(_config(tiny_ml1m))
     with open(built.cache_path, "r+b") as cache:
         cache.truncate(os.path.getsize(built.cache_path) // 2)
-    result = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    result = preprocessing_cache.load_or_build(_config(tiny_ml1m))
     assert result.reason == "cache was corrupt" and not result.from_cache
     assert "is corrupt" in caplog.text
     _assert_same_data(built.data, result.data)
-    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).from_cache
+    assert preprocessing_cache.load_or_build(_config(tiny_ml1m)).from_cache
 
 
 _BROKEN_ARRAY = b"\x93NUMPY\x01\x00" + b"a header numpy cannot parse"
@@ -304,19 +310,19 @@ _BROKEN_ARRAY = b"\x93NUMPY\x01\x00" + b"a header numpy cannot parse"
 
 def test_a_stale_cache_is_judged_by_its_metadata_alone(tiny_ml1m):
     """Only the metadata member is read first: garbage arrays in a stale cache go unread."""
-    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    built = preprocessing_cache.load_or_build(_config(tiny_ml1m))
     with zipfile.ZipFile(built.cache_path) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
     with zipfile.ZipFile(built.cache_path, "w") as archive:
         for name, contents in members.items():
             archive.writestr(name, contents if name == "metadata.npy" else _BROKEN_ARRAY)
-    stale = data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True))
+    stale = preprocessing_cache.load_or_build(_config(tiny_ml1m, ml_perf=True))
     assert stale.reason == "parameters changed"
 
 
 def test_cache_of_format_1_is_rebuilt(tiny_ml1m):
     """Format 1 kept repeated (user, item) pairs: such a cache may train on held-out items."""
-    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    built = preprocessing_cache.load_or_build(_config(tiny_ml1m))
     with zipfile.ZipFile(built.cache_path) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
     metadata = json.loads(str(np.load(io.BytesIO(members["metadata.npy"]))))
@@ -327,7 +333,7 @@ def test_cache_of_format_1_is_rebuilt(tiny_ml1m):
     with zipfile.ZipFile(built.cache_path, "w") as archive:
         for name, contents in members.items():
             archive.writestr(name, contents)
-    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).reason == "cache format changed"
+    assert preprocessing_cache.load_or_build(_config(tiny_ml1m)).reason == "cache format changed"
 
 
 def _fail_writes(monkeypatch, error: Exception, partly: bool = False) -> None:
@@ -346,14 +352,14 @@ def _fail_writes(monkeypatch, error: Exception, partly: bool = False) -> None:
 
 def test_read_only_data_dir_reads_its_cache_and_names_cache_dir_to_rebuild(tiny_ml1m, monkeypatch):
     folder = os.path.join(tiny_ml1m, "ml-1m")
-    built = data_preprocessing.load_or_build(_config(tiny_ml1m))
+    built = preprocessing_cache.load_or_build(_config(tiny_ml1m))
     listing, cache_bytes = sorted(os.listdir(folder)), Path(built.cache_path).read_bytes()
     _fail_writes(
         monkeypatch, tf.errors.PermissionDeniedError(None, None, "x; Read-only file system")
     )
-    assert data_preprocessing.load_or_build(_config(tiny_ml1m)).from_cache
+    assert preprocessing_cache.load_or_build(_config(tiny_ml1m)).from_cache
     with pytest.raises(DataError) as raised:
-        data_preprocessing.load_or_build(_config(tiny_ml1m, ml_perf=True))  # stale: rebuild
+        preprocessing_cache.load_or_build(_config(tiny_ml1m, ml_perf=True))  # stale: rebuild
     assert str(raised.value) == (
         f"cannot write the preprocessing cache in {folder}: Read-only file system; "
         "pass --cache_dir with a writable folder"
@@ -376,7 +382,7 @@ def test_full_disk_names_the_folder_and_leaves_no_temporary_file(
     cache_dir = tmp_path / "cache"
     _fail_writes(monkeypatch, error, partly=True)
     with pytest.raises(DataError) as raised:
-        data_preprocessing.load_or_build(_config(tiny_ml1m, cache_dir=str(cache_dir)))
+        preprocessing_cache.load_or_build(_config(tiny_ml1m, cache_dir=str(cache_dir)))
     assert str(raised.value) == (
         f"cannot write the preprocessing cache in {cache_dir}: no space left on the device; "
         "free space there or pass --cache_dir with a folder on a disk with room"
@@ -387,13 +393,13 @@ def test_full_disk_names_the_folder_and_leaves_no_temporary_file(
 def test_bad_source_writes_no_cache(tmp_path):
     write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), TINY_ROWS[:2], "dat")
     with pytest.raises(DataError, match="every user has fewer than 3"):
-        data_preprocessing.load_or_build(_config(str(tmp_path)))
+        preprocessing_cache.load_or_build(_config(str(tmp_path)))
     assert os.listdir(tmp_path / "ml-1m") == ["ratings.dat"]
 
 
 def test_cache_dir_keeps_the_data_dir_untouched(tiny_ml1m, tmp_path):
     cache_dir = str(tmp_path / "cache")
-    result = data_preprocessing.load_or_build(_config(tiny_ml1m, cache_dir=cache_dir))
+    result = preprocessing_cache.load_or_build(_config(tiny_ml1m, cache_dir=cache_dir))
     assert result.cache_path == os.path.join(cache_dir, "ncf_cache.npz")
     assert os.listdir(os.path.join(tiny_ml1m, "ml-1m")) == ["ratings.dat"]
 
@@ -405,8 +411,8 @@ def test_ncf_split_dataset_through_the_cache(tmp_path):
     (folder / "ml-1m.test.rating").write_text("0\t0\t5\t1\n1\t2\t5\t1\n")
     (folder / "ml-1m.test.negative").write_text("(0,0)\t1\t2\n(1,2)\t0\t1\n")
     config = DataConfig(dataset="ncf-ml-1m", data_dir=str(tmp_path))
-    built = data_preprocessing.load_or_build(config)
-    loaded = data_preprocessing.load_or_build(config)
+    built = preprocessing_cache.load_or_build(config)
+    loaded = preprocessing_cache.load_or_build(config)
     assert loaded.from_cache
     _assert_same_data(built.data, loaded.data)
     np.testing.assert_array_equal(loaded.data.eval_negatives, [[1, 2], [0, 1]])

@@ -15,7 +15,7 @@ from official.core.model_dir import ModelDirError
 from official.utils.misc import atomic
 from recommendation.data import constants
 from recommendation.online import callbacks, delta_checkpoints, id_index, online_ncf
-from recommendation.online.rec_model import StreamBatch
+from recommendation.online.stream_batches import StreamBatch
 
 # Small tables under churn: users arrive all the time (lru evicts, rows move into the
 # holes), items are admitted on their second sighting (pending sightings change).

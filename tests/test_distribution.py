@@ -62,6 +62,7 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
+@pytest.mark.integration
 def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
     """Splitting each global batch over replicas must not change the training step:
     the workers agree exactly, and with one device to `_WEIGHT_TOLERANCE`."""
@@ -115,6 +116,7 @@ def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
     assert not [name for name in os.listdir(tmp_path / "model") if "worker_temp" in name]
 
 
+@pytest.mark.integration
 def test_thread_counts_are_set_before_tensorflow_starts_and_refused_after():
     script = textwrap.dedent("""
         import tensorflow as tf
@@ -181,6 +183,7 @@ _ACCELERATOR_PATH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("loops", ["op_by_op", "compiled"])
 def test_the_accelerator_input_path_trains_what_the_plain_path_trains(tmp_path, loops):
     # The path accelerators take (distribute_datasets_from_function, fetched to the

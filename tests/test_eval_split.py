@@ -23,10 +23,16 @@ from conftest import (
 from official.core.model_dir import ModelDirError
 from official.core.runner import completed_epochs_of
 from recommendation import export
-from recommendation.data import constants, data_preprocessing
+from recommendation.data import constants, data_preprocessing, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.data.movielens import DataError
-from recommendation.producer import data_async_generation, data_pipeline, run_folder, stat_utils
+from recommendation.producer import (
+    data_pipeline,
+    negative_sampling,
+    run_folder,
+    shard_writing,
+    stat_utils,
+)
 from recommendation.producer.run_folder import EvalInfo
 from recommendation.training import cycles, reporting, selection
 
@@ -59,7 +65,7 @@ def test_movielens_holds_out_the_last_for_test_and_the_second_to_last_for_valida
     rows = _movielens_rows()
     write_movielens(str(tmp_path / "ml-1m" / "ratings.dat"), rows, "dat")
     config = DataConfig(dataset="ml-1m", data_dir=str(tmp_path), min_num_ratings=3)
-    validated = data_preprocessing.load_or_build(
+    validated = preprocessing_cache.load_or_build(
         dataclasses.replace(config, eval_split=VALIDATION)
     ).data
     by_time = {}
@@ -73,11 +79,11 @@ def test_movielens_holds_out_the_last_for_test_and_the_second_to_last_for_valida
         # Disjoint, together all of the user's items; test last, validation before it.
         assert train + [validation, test] == by_time[raw_user]
     # The cache is keyed by the split: switching the flag rebuilds it, both ways.
-    tested = data_preprocessing.load_or_build(config)
+    tested = preprocessing_cache.load_or_build(config)
     assert not tested.from_cache and tested.reason == "parameters changed"
     assert tested.data.validation_items is None
     np.testing.assert_array_equal(tested.data.eval_items, validated.eval_items)
-    again = data_preprocessing.load_or_build(dataclasses.replace(config, eval_split=VALIDATION))
+    again = preprocessing_cache.load_or_build(dataclasses.replace(config, eval_split=VALIDATION))
     assert not again.from_cache and again.reason == "parameters changed"
 
 
@@ -107,7 +113,7 @@ def test_ncf_split_validates_on_the_latest_training_line(tmp_path):
     # two at t=9 in file order; user 1: 4 (t=20) is later than 1, 2 and 3.
     lines = "0\t0\t5\t5\n0\t1\t4\t9\n1\t1\t3\t1\n0\t2\t5\t9\n1\t4\t5\t20\n0\t5\t1\t7\n"
     lines += "1\t2\t4\t3\n1\t3\t4\t2\n"
-    data = data_preprocessing.load_or_build(_write_ncf_split(tmp_path, lines)).data
+    data = preprocessing_cache.load_or_build(_write_ncf_split(tmp_path, lines)).data
     assert data.validation_items.tolist() == [2, 4]
     assert (_user_items(data, 0), _user_items(data, 1)) == ([0, 1, 5], [1, 2, 3])
     # The paper's test holdout and its fixed negatives stay as given.
@@ -120,7 +126,7 @@ def test_ncf_split_validates_on_the_latest_training_line(tmp_path):
 
 def test_ncf_split_without_times_validates_on_the_last_line(tmp_path):
     lines = "0\t0\t5\n0\t2\t5\n0\t5\t5\n0\t1\t4\n1\t1\t3\n1\t4\t5\n1\t2\t4\n"
-    data = data_preprocessing.load_or_build(_write_ncf_split(tmp_path, lines)).data
+    data = preprocessing_cache.load_or_build(_write_ncf_split(tmp_path, lines)).data
     assert data.validation_items.tolist() == [1, 2]
     assert (_user_items(data, 0), _user_items(data, 1)) == ([0, 2, 5], [1, 4])
 
@@ -128,7 +134,7 @@ def test_ncf_split_without_times_validates_on_the_last_line(tmp_path):
 def test_ncf_split_user_with_one_training_line_is_an_error(tmp_path):
     config = _write_ncf_split(tmp_path, "0\t0\t5\t1\n0\t5\t5\t2\n1\t1\t5\t1\n")
     with pytest.raises(DataError, match="user 1 has 1 training item.*--eval_split test"):
-        data_preprocessing.load_or_build(config)
+        preprocessing_cache.load_or_build(config)
 
 
 @pytest.mark.parametrize("kind", ["movielens", "ncf"])
@@ -146,7 +152,7 @@ def test_training_and_validation_sets_keep_out_what_they_must(kind, tmp_path, po
             for item in (6, 7, 8, 9, 10, 11)
         )
         config = _write_ncf_split(tmp_path, lines)
-    data = data_preprocessing.load_or_build(config).data
+    data = preprocessing_cache.load_or_build(config).data
     every_item = [
         set(_user_items(data, user))
         | {int(data.validation_items[user]), int(data.eval_items[user])}
@@ -156,17 +162,17 @@ def test_training_and_validation_sets_keep_out_what_they_must(kind, tmp_path, po
         data.train_offsets, data.train_items, data.num_items
     )
     for epoch_index in range(2):
-        epoch = data_async_generation.training_epoch(data, exclusion, 4, 7, epoch_index, pool)
+        epoch = negative_sampling.training_epoch(data, exclusion, 4, 7, epoch_index, pool)
         users, items = epoch.users[epoch.labels], epoch.items[epoch.labels]
         assert not np.any(items == data.validation_items[users])
         assert not np.any(items == data.eval_items[users])
     num_negatives = 7 if kind == "movielens" else 2  # the paper's: the test block's count
-    blocks = data_async_generation.eval_blocks(data, num_negatives, 7, pool, VALIDATION)
+    blocks = negative_sampling.eval_blocks(data, num_negatives, 7, pool, VALIDATION)
     assert blocks.block_size == num_negatives + 1
     np.testing.assert_array_equal(blocks.items[:, -1], data.validation_items)
     for user in range(data.num_users):
         assert not set(blocks.items[user, :-1].tolist()) & every_item[user]
-    test = data_async_generation.eval_blocks(data, num_negatives, 7, pool)
+    test = negative_sampling.eval_blocks(data, num_negatives, 7, pool)
     np.testing.assert_array_equal(test.items[:, -1], data.eval_items)
     if kind == "ncf":
         np.testing.assert_array_equal(test.items[:, :-1], data.eval_negatives)
@@ -226,8 +232,8 @@ def selected_run(tmp_path_factory):
 def _test_metrics(runner, config, pool, root) -> dict:
     """The test HR/NDCG of `runner`'s weights, recomputed: the test blocks built here (the
     producer's functions and seed), written as the producer writes them, evaluated."""
-    data = data_preprocessing.load_or_build(config.data).data
-    blocks = data_async_generation.eval_blocks(data, 99, config.seed, pool)
+    data = preprocessing_cache.load_or_build(config.data).data
+    blocks = negative_sampling.eval_blocks(data, 99, config.seed, pool)
     users = cycles._eval_users_per_batch(config, blocks.block_size, 1, data.num_users)
     info = EvalInfo(
         folder=str(root / "recomputed"),
@@ -237,15 +243,15 @@ def _test_metrics(runner, config, pool, root) -> dict:
         num_users=data.num_users,
         num_shards=1,
     )
-    writers = data_async_generation.open_writers(info.folder, 1)
-    data_async_generation.write_shards(
+    writers = shard_writing.open_writers(info.folder, 1)
+    shard_writing.write_shards(
         writers,
-        lambda batch: data_async_generation.eval_batch(blocks, batch, users),
+        lambda batch: shard_writing.eval_batch(blocks, batch, users),
         run_folder.eval_record(users, blocks.block_size),
         info.num_batches,
         pool,
     )
-    data_async_generation.close_writers(writers)
+    shard_writing.close_writers(writers)
     return runner.evaluate(lambda: data_pipeline.eval_input_fn(info), info.num_batches)
 
 
@@ -265,7 +271,7 @@ def test_the_best_validation_epoch_is_restored_and_tested_once(selected_run, poo
     epoch_checkpoint = os.path.join(config.model_dir, f"ckpt-{(selected + 1) * steps}")
     best = tf.train.latest_checkpoint(os.path.join(config.model_dir, "best"))
     assert completed_epochs_of(best) == selected + 1
-    data = data_preprocessing.load_or_build(config.data).data
+    data = preprocessing_cache.load_or_build(config.data).data
     last = cycles._make_runner(config, data, runner.strategy)  # the latest checkpoint
     chosen = cycles._make_runner(config, data, runner.strategy)
     state = chosen.state
@@ -292,7 +298,7 @@ def _summary_record(root) -> dict:
 
 def test_the_export_holds_the_selected_weights(selected_run):
     root, config, result = selected_run
-    data = data_preprocessing.load_or_build(config.data).data
+    data = preprocessing_cache.load_or_build(config.data).data
     serving = tf.saved_model.load(config.export_dir).signatures["serving_default"]
     users = np.arange(data.num_users)
     items = users % data.num_items
@@ -358,6 +364,7 @@ def test_a_model_dir_of_the_other_split_is_refused(tmp_path):
         cycles.run(as_test)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "extra, message",
     [

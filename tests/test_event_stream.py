@@ -9,6 +9,7 @@ import numpy as np
 
 from recommendation.data import constants
 from recommendation.online import sources
+from recommendation.online.event_parsing import EventChunk
 from recommendation.online.event_stream import EventStream
 
 
@@ -18,11 +19,11 @@ class _Scripted:
 
     exhausted = False
 
-    def __init__(self, *script: sources.EventChunk | None) -> None:
+    def __init__(self, *script: EventChunk | None) -> None:
         self.script = list(script)
         self.restored, self.committed = [], []
 
-    def read(self, max_events: int, timeout: float) -> sources.EventChunk | None:
+    def read(self, max_events: int, timeout: float) -> EventChunk | None:
         return self.script.pop(0) if self.script else None
 
     def restore(self, position) -> None:
@@ -32,9 +33,9 @@ class _Scripted:
         self.committed.append(position)
 
 
-def _chunk(users: list[int], position: str) -> sources.EventChunk:
+def _chunk(users: list[int], position: str) -> EventChunk:
     events = np.array(users, np.int64)
-    return sources.EventChunk(events, events + 100, events, [f"id{u}" for u in users], position)
+    return EventChunk(events, events + 100, events, [f"id{u}" for u in users], position)
 
 
 def test_full_batches_then_the_rest_when_the_source_ends():

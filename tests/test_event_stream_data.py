@@ -15,6 +15,7 @@ from recommendation.data import event_stream_data
 from recommendation.data.event_stream_data import EventStreamSpec
 from recommendation.data.movielens import DataError
 from recommendation.online import sources
+from recommendation.online.dead_letters import DeadLetterFile
 
 SMALL = EventStreamSpec(num_users=2000, num_items=1000, num_events=50_000)
 TINY = EventStreamSpec(num_users=300, num_items=100, num_events=3000)
@@ -114,7 +115,7 @@ def test_files_split_one_stream_in_time_order_and_are_reproducible(tmp_path):
 
 def test_the_trainer_source_reads_the_files(tmp_path):
     event_stream_data.write_event_files(TINY, 5, str(tmp_path / "events"), num_files=2)
-    dead = sources.DeadLetterFile(str(tmp_path / "dead.jsonl"))
+    dead = DeadLetterFile(str(tmp_path / "dead.jsonl"))
     source = sources.DirectorySource(str(tmp_path / "events"), dead)
     chunks = []
     while (chunk := source.read(1000, timeout=0)) is not None:
@@ -161,6 +162,7 @@ def test_bad_file_counts_and_folders_are_rejected(tmp_path):
         event_stream_data.write_event_files(TINY, -1, str(tmp_path / "b"))
 
 
+@pytest.mark.integration
 def test_cli_writes_csv_event_files(tmp_path):
     folder = tmp_path / "events"
     result = run_module(
@@ -184,6 +186,7 @@ def test_cli_writes_csv_event_files(tmp_path):
     assert len({row["user"] for row in rows}) == 300
 
 
+@pytest.mark.integration
 def test_cli_refuses_bad_sizes_with_one_error_line(tmp_path):
     result = run_module(
         "recommendation.data.event_stream_data",

@@ -71,6 +71,7 @@ def _sample(data, size: int = 200):
     return rng.integers(0, data.num_users, size), rng.integers(0, data.num_items, size)
 
 
+@pytest.mark.integration
 def test_a_fresh_process_serves_the_in_memory_scores(trained_export, tmp_path):
     data = trained_export.data
     moved = str(tmp_path / "moved")
@@ -232,6 +233,7 @@ def _a_file(folder) -> str:
     return str(folder / "a_file")
 
 
+@pytest.mark.integration
 def test_the_export_command_on_a_full_disk_ends_with_one_error_line(trained_export, tmp_path):
     config = trained_export.config
     shutil.copytree(config.data.data_dir, tmp_path / "data")
@@ -365,6 +367,7 @@ def _export(runner, export_dir: str, finalize=None) -> None:
     export.write_saved_model(export_dir, *_serving(runner), finalize)
 
 
+@pytest.mark.integration
 def test_export_reloads_in_a_fresh_process_with_the_same_scores(tmp_path):
     runner = tiny_runner(str(tmp_path / "model"))
     runner.train(tiny_train_input_fn, 3)
@@ -440,6 +443,7 @@ test_export._export(
 """
 
 
+@pytest.mark.integration
 def test_killed_export_leaves_no_export_and_its_leftovers_are_removed(tmp_path):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     result = subprocess.run(
@@ -456,6 +460,7 @@ def test_killed_export_leaves_no_export_and_its_leftovers_are_removed(tmp_path):
     assert _exports(tmp_path) == ["export"]
 
 
+@pytest.mark.integration
 def test_an_export_moved_aside_by_a_killed_export_is_put_back(tmp_path):
     runner = tiny_runner(str(tmp_path / "model"))
     _export(runner, str(tmp_path / "export"))

@@ -19,6 +19,7 @@ def test_a_model_garden_module_name_imports_the_module_that_holds_its_code(name)
     assert getattr(recommendation, name) is held
 
 
+@pytest.mark.integration
 def test_the_model_garden_names_work_in_from_imports_and_nothing_else_is_invented():
     code = (
         "from recommendation import neumf_model, ncf_common, data_pipeline\n"

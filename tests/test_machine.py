@@ -35,6 +35,7 @@ def test_a_machine_without_cpuinfo_is_named_by_its_platform(tmp_path):
     assert info.model and info.isa == "unknown"
 
 
+@pytest.mark.integration
 def test_the_peak_rss_of_a_live_process_and_of_a_gone_one():
     assert machine.peak_rss_bytes(os.getpid()) > 1 << 20
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -64,6 +65,7 @@ def _without_onednn_setting() -> dict:
     return {name: value for name, value in os.environ.items() if name != "TF_ENABLE_ONEDNN_OPTS"}
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not _X86, reason="oneDNN is turned on for x86-64 CPUs only")
 @pytest.mark.parametrize("module", ["recommendation", "official", *_SCRIPTS])
 def test_every_entry_point_loads_tensorflow_with_onednn_on(module):
@@ -85,6 +87,7 @@ def test_every_entry_point_loads_tensorflow_with_onednn_on(module):
     assert result.stdout.split()[-1] == "True", result.stderr[-2000:]
 
 
+@pytest.mark.integration
 def test_the_cpu_line_says_whether_onednn_runs_and_a_users_setting_wins(monkeypatch):
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     line = machine.cpu_line()

@@ -100,12 +100,14 @@ def mllog_run(tmp_path_factory) -> str:
     return str(folder / "model" / mlperf_helper.DEFAULT_LOG_FILE)
 
 
+@pytest.mark.integration
 def test_official_checker_accepts_a_real_run(mllog_run):
     result = _official_checker(mllog_run)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "INFO - SUCCESS" in result.stderr
 
 
+@pytest.mark.integration
 def test_check_script_fails_without_run_stop(mllog_run, tmp_path):
     assert _run([CHECK_SCRIPT, mllog_run]).returncode == 0
     with open(mllog_run) as log:
@@ -133,6 +135,7 @@ def test_producer_lines_are_merged_in_time_order(mllog_run):
     assert records[keys.index("run_start")].metadata["file"] == "recommendation/training/cycles.py"
 
 
+@pytest.mark.integration
 def test_v05_log_has_every_tag_in_order(tmp_path):
     log = str(tmp_path / "v05.log")
     config = NcfConfig(
@@ -186,6 +189,7 @@ def test_run_stop_aborted_when_the_run_fails(tmp_path):
     assert records[-1].key == "run_stop" and records[-1].metadata["status"] == "aborted"
 
 
+@pytest.mark.integration
 def test_run_stop_aborted_on_sigterm(tmp_path):
     log = str(tmp_path / "terminated.log")
     options = mlperf_helper.MlperfOptions(log_file=log, clear_caches=False)

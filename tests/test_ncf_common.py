@@ -10,7 +10,7 @@ from absl import flags
 from official.utils.flags import core, mlperf
 from official.utils.logs.mlperf_helper import MlperfOptions
 from recommendation.data import movielens, ratings_readers
-from recommendation.training import ncf_common
+from recommendation.training import ncf_common, ncf_flags
 from recommendation.training.ncf_common import NcfConfig
 
 
@@ -199,8 +199,8 @@ def test_every_flag_changes_the_run_it_describes():
 
 # Each table of ncf-main's flags and the config instance holding its defaults.
 _TABLES = [
-    ((*ncf_common.DATA_FLAGS, *ncf_common.NCF_FLAGS), NcfConfig()),
-    (ncf_common.GENERIC_FLAGS, ratings_readers.GenericSource(path="")),
+    ((*ncf_flags.DATA_FLAGS, *ncf_flags.NCF_FLAGS), NcfConfig()),
+    (ncf_flags.GENERIC_FLAGS, ratings_readers.GenericSource(path="")),
     (mlperf.MLPERF_FLAGS, MlperfOptions(log_file="")),
 ]
 # Flags that set no field: absl's own, the Model Garden's alias, the switch of the
@@ -277,7 +277,7 @@ def _user_argument(flag: flags.Flag) -> str:
 
 
 _PRESET = ncf_common.DATASET_DEFAULTS[movielens.ML_1M]
-_ROWS = {spec.name: spec for spec in core.specs(ncf_common.NCF_FLAGS)}
+_ROWS = {spec.name: spec for spec in core.specs(ncf_flags.NCF_FLAGS)}
 
 
 @pytest.mark.parametrize("name", sorted(_PRESET))

@@ -150,6 +150,7 @@ def test_cycles_cover_the_remaining_epochs():
     assert cycles._cycles(5, 5, 1) == ()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("extra,expect_ok", [([], True), (["--layers=15,8"], False)])
 def test_command_line(tmp_path, extra, expect_ok):
     result = run_module(
@@ -221,6 +222,7 @@ def _ncf_main(tmp_path, *flags: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 def test_a_model_dir_that_is_a_file_ends_with_one_error_line(tmp_path):
     (tmp_path / "model").write_text("")
     result = _ncf_main(tmp_path, f"--model_dir={tmp_path / 'model'}")
@@ -230,6 +232,7 @@ def test_a_model_dir_that_is_a_file_ends_with_one_error_line(tmp_path):
     )
 
 
+@pytest.mark.integration
 def test_a_full_disk_under_model_dir_ends_with_one_line_and_no_partial_checkpoint(tmp_path):
     # A real full disk: a 64 KiB tmpfs, and a model whose checkpoint needs about 600 KB.
     disk = tmp_path / "disk"
@@ -284,6 +287,7 @@ def _stop_at(tmp_path, signum: int, milestone: str, name: str) -> tuple[str, int
     return seen[-1].rstrip("\n"), producer
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "signum, milestone, resume",
     [
@@ -341,6 +345,7 @@ def _copy(trained: _Trained, tmp_path) -> tuple[str, str]:
     return str(tmp_path / "model" / first), str(tmp_path / "model" / second)
 
 
+@pytest.mark.integration
 def test_a_truncated_checkpoint_is_named_and_the_run_resumes_from_the_one_before(
     tmp_path, two_epochs
 ):
@@ -381,6 +386,7 @@ def test_with_every_checkpoint_damaged_ncf_main_refuses_and_deletes_nothing(tmp_
     assert {name: (model / name).read_bytes() for name in kept} == kept
 
 
+@pytest.mark.integration
 def test_a_stopped_or_finished_run_names_the_checkpoint_that_is_restored(tmp_path, two_epochs):
     first, newest = _copy(two_epochs, tmp_path)
     damage_checkpoint(newest, "flipped bytes")

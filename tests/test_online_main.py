@@ -24,7 +24,7 @@ from official.utils.flags import core
 from recommendation import online_main
 from recommendation.online import callbacks, online_ncf, versioned_export
 from recommendation.online_main import OnlineConfig
-from recommendation.training import ncf_common
+from recommendation.training import ncf_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 64
@@ -278,6 +278,7 @@ def _write_lines(path, lines: list[str]) -> None:
         out.writelines(line + "\n" for line in lines)
 
 
+@pytest.mark.integration
 def test_event_folder_lines_that_are_no_examples_are_dead_lettered_once_across_restarts(
     tmp_path,
 ):
@@ -387,6 +388,7 @@ def test_redis_restart_during_training_loses_nothing(redis_server, tmp_path):
     assert max(trained.values()) == 1
 
 
+@pytest.mark.integration
 def test_exports_are_never_seen_half_written(tmp_path):
     events_dir, export_base = tmp_path / "events", tmp_path / "export"
     events_dir.mkdir()
@@ -441,6 +443,7 @@ def test_exports_are_never_seen_half_written(tmp_path):
     assert not [n for n in os.listdir(export_base) if n.startswith(".")]  # no leftovers
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -517,7 +520,7 @@ def test_the_defaults_a_user_sees_are_online_mains():
 
 def test_concepts_shared_with_ncf_main_are_its_flags():
     # The same name, help, short name and checks; only the field (and default) is online's.
-    ncf = {spec.name: spec for spec in core.specs((*ncf_common.DATA_FLAGS, *ncf_common.NCF_FLAGS))}
+    ncf = {spec.name: spec for spec in core.specs((*ncf_flags.DATA_FLAGS, *ncf_flags.NCF_FLAGS))}
     online = {spec.name: spec for spec in core.specs(online_main.ONLINE_FLAGS)}
     for name in ("num_factors", "layers", "num_neg", "learning_rate", "top_k", "seed"):
         assert dataclasses.replace(online[name], field="") == dataclasses.replace(

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 
+import pytest
 import tensorflow as tf
 from absl import logging as absl_logging
 from conftest import run_module_on_a_tmpfs
@@ -125,6 +126,7 @@ def test_an_export_that_cannot_be_written_costs_no_training_and_is_retried(tmp_p
     )
 
 
+@pytest.mark.integration
 def test_exports_to_a_full_disk_leave_training_and_checkpoints_whole(tmp_path):
     # --export_dir on a real full disk (a 16 KiB tmpfs in a private mount namespace),
     # checkpoints on a disk with room: every export fails, none is half there, the run

@@ -15,7 +15,7 @@ from conftest import TINY_NCF_MAIN_FLAGS, TINY_PARAMS, run_module, tiny_ncf_conf
 from official.core import distribution_utils
 from official.core.model_dir import ModelDirError
 from official.core.runner import Runner
-from recommendation.data import constants, data_preprocessing
+from recommendation.data import constants, preprocessing_cache
 from recommendation.model import network, neumf_model, optimizers
 from recommendation.producer import data_pipeline
 from recommendation.training import cycles, pretrain, selection
@@ -303,6 +303,7 @@ def test_pretrain_flags_that_cannot_go_together(tmp_path, overrides, kind, messa
     assert not (tmp_path / "model").exists()  # refused before anything is written
 
 
+@pytest.mark.integration
 def test_the_command_line_reports_a_missing_pretrained_model_in_one_line(tmp_path):
     result = run_module(
         "recommendation.ncf_main",
@@ -371,7 +372,7 @@ def test_gmf_then_mlp_then_pretrained_neumf(tmp_path, monkeypatch):
     # What a fresh NeuMF run starts from: the two selected models (each run ends holding
     # its selected epoch's weights), combined.
     config = _pretrained_stage(tmp_path, "fresh")
-    data = data_preprocessing.load_or_build(config.data).data
+    data = preprocessing_cache.load_or_build(config.data).data
     strategy = distribution_utils.get_distribution_strategy("one_device", None)
     start = cycles._make_runner(config, data, strategy).state.model
     users = tf.range(data.num_users)

@@ -92,6 +92,7 @@ for category, ops in split.items():
 """
 
 
+@pytest.mark.integration
 def test_xla_kernels_are_counted_as_the_ops_they_came_from(tmp_path):
     """With XLA, each traced kernel is mapped through the optimised-HLO dump to the
     TensorFlow op it computes (a fresh process: XLA reads its flags once)."""

@@ -16,8 +16,10 @@ from absl import logging
 
 from official.utils.misc import machine
 from recommendation.online import callbacks as online_callbacks
-from recommendation.online import rec_model
-from recommendation.online.rec_model import Callback, RecModel, StreamBatch
+from recommendation.online import stream_batches
+from recommendation.online.callback_base import Callback
+from recommendation.online.rec_model import RecModel
+from recommendation.online.stream_batches import StreamBatch
 
 WEIGHTS = np.array([[1.0], [-2.0], [0.5], [1.5]], np.float32)
 
@@ -239,11 +241,12 @@ def test_online_train_returns_only_once_the_read_ahead_thread_has_ended():
 
 
 def test_closing_the_read_ahead_ends_its_thread_when_the_source_ended_unread():
-    prefetcher = rec_model._Prefetcher(iter(range(5)), depth=2)
+    prefetcher = stream_batches.Prefetcher(iter(range(5)), depth=2)
     prefetcher.close()
     assert not prefetcher._thread.is_alive()
 
 
+@pytest.mark.integration
 def test_sigterm_finishes_the_step_checkpoints_and_commits(tmp_path):
     class Stream:
         def __init__(self, count: int) -> None:

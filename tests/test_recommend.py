@@ -40,6 +40,7 @@ def movies(trained_export, tmp_path) -> str:
     return write_movies(str(tmp_path / "movies.dat"), titles, "movies.dat")
 
 
+@pytest.mark.integration
 def test_one_user_with_titles(trained_export, movies):
     user = int(trained_export.data.user_ids[3])
     export_dir = trained_export.export_dir
@@ -53,6 +54,7 @@ def test_one_user_with_titles(trained_export, movies):
     assert not set(items) & _training_items(trained_export.data, user)
 
 
+@pytest.mark.integration
 def test_batch_mode_writes_csv(trained_export, movies, tmp_path):
     users = trained_export.data.user_ids[[0, 5, 9]].tolist()
     (tmp_path / "users.txt").write_text("\n".join(map(str, users)) + "\n\n")
@@ -75,6 +77,7 @@ def test_batch_mode_writes_csv(trained_export, movies, tmp_path):
         assert row["title"] == f"Film n°{row['item_id']} (1995)"
 
 
+@pytest.mark.integration
 def test_unknown_user_fails_and_writes_nothing(trained_export, tmp_path):
     unknown = int(trained_export.data.user_ids.max()) + 1
     (tmp_path / "users.txt").write_text(f"{trained_export.data.user_ids[0]}\n{unknown}\n")
@@ -113,6 +116,7 @@ def test_missing_export_dir_says_how_to_make_one(tmp_path):
         recommend.run(parsed)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "damage,damaged",
     [
@@ -159,6 +163,7 @@ def test_an_online_export_version_is_told_apart(tmp_path):
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "mount_options,problem",
     [

@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import TINY_ROWS, load_script, write_movielens
 
 from recommendation.online import sources
-from recommendation.online.sources import DeadLetterFile
+from recommendation.online.dead_letters import DeadLetterFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "replay_events.py")
@@ -60,6 +61,7 @@ def test_event_folder_files_are_read_back_by_the_directory_source(tmp_path):
     assert np.all(np.diff(chunk.timestamps) >= 0)
 
 
+@pytest.mark.integration
 def test_bad_input_exits_with_one_clear_line(tmp_path):
     result = _run(f"--ratings={tmp_path / 'missing.dat'}", f"--events_dir={tmp_path}")
     last = result.stderr.strip().splitlines()[-1]  # TensorFlow's start-up notes come first

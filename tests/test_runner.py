@@ -116,6 +116,7 @@ def test_run_eagerly_runs_the_step_as_python_every_step(tmp_path):
         np.testing.assert_allclose(left, right, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.integration
 def test_a_stop_signal_ends_training_and_evaluation_between_calls(tmp_path):
     runner = tiny_runner(str(tmp_path), steps_per_call=2)
     done = []

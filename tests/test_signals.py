@@ -10,6 +10,7 @@ import pytest
 from official.core import signals
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_waits_for_the_next_safe_point(signum):
     with signals.stop_on_signals():
@@ -22,6 +23,7 @@ def test_a_signal_waits_for_the_next_safe_point(signum):
     assert str(stopped.value) == f"stopped by {signal.Signals(signum).name}"
 
 
+@pytest.mark.integration
 def test_an_interruptible_section_stops_at_once():
     lines_run = []
     with signals.stop_on_signals(), pytest.raises(signals.Interrupted):
@@ -31,6 +33,7 @@ def test_an_interruptible_section_stops_at_once():
     assert lines_run == []
 
 
+@pytest.mark.integration
 def test_a_signal_before_an_interruptible_section_raises_on_entry():
     with signals.stop_on_signals():
         os.kill(os.getpid(), signal.SIGINT)
@@ -38,6 +41,7 @@ def test_a_signal_before_an_interruptible_section_raises_on_entry():
             pytest.fail("the section ran although a stop was pending")
 
 
+@pytest.mark.integration
 def test_signals_during_the_clean_up_are_ignored():
     cleaned_up = []
     with signals.stop_on_signals(), pytest.raises(signals.Interrupted) as stopped:
@@ -52,6 +56,7 @@ def test_signals_during_the_clean_up_are_ignored():
     assert cleaned_up == [True] and stopped.value.signum == signal.SIGTERM
 
 
+@pytest.mark.integration
 def test_handlers_are_restored_and_nothing_is_pending_afterwards():
     previous = signal.getsignal(signal.SIGTERM)
     with signals.stop_on_signals():
@@ -60,6 +65,7 @@ def test_handlers_are_restored_and_nothing_is_pending_afterwards():
     signals.check()  # the stop belonged to the section that ended
 
 
+@pytest.mark.integration
 def test_a_signal_the_process_ignores_stays_ignored():
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as nohup starts a process
     try:

@@ -12,8 +12,8 @@ import redis
 from absl.testing import parameterized
 from conftest import RedisServer
 
-from recommendation.online import sources
-from recommendation.online.sources import DeadLetterFile
+from recommendation.online import dead_letters, event_parsing, redis_source, sources
+from recommendation.online.dead_letters import DeadLetterFile
 
 
 class ParseEventTest(parameterized.TestCase):
@@ -28,7 +28,7 @@ class ParseEventTest(parameterized.TestCase):
         ("oldest_timestamp", {"user": 1, "item": 2, "timestamp": -(2**63)}, (1, 2, -(2**63))),
     )
     def test_good(self, record, expected):
-        self.assertEqual(sources.parse_event(record)[: len(expected)], expected)
+        self.assertEqual(event_parsing.parse_event(record)[: len(expected)], expected)
 
     @parameterized.named_parameters(
         ("bad_json", '{"user": 1, "item": ', "bad JSON"),
@@ -90,11 +90,11 @@ class ParseEventTest(parameterized.TestCase):
     )
     def test_malformed(self, record, message):
         with self.assertRaisesRegex(ValueError, message):
-            sources.parse_event(record)
+            event_parsing.parse_event(record)
 
     def test_a_huge_text_is_refused_with_a_short_reason(self):
         with self.assertRaises(ValueError) as raised:
-            sources.parse_event({"user": "7" * 1_000_000, "item": 1, "timestamp": 1})
+            event_parsing.parse_event({"user": "7" * 1_000_000, "item": 1, "timestamp": 1})
         reason = str(raised.exception)
         assert reason.startswith("user must be an integer, got '7777") and len(reason) < 200
 
@@ -181,7 +181,7 @@ def test_dead_letters_keep_the_reason_and_the_start_of_a_huge_payload(tmp_path):
     (record,) = _records(sink.path)
     assert record["error"] == "user must be an integer"
     assert record["payload"].startswith("9" * 100)
-    assert len(record["payload"]) < sources.MAX_PAYLOAD_CHARS + 100
+    assert len(record["payload"]) < dead_letters.MAX_PAYLOAD_CHARS + 100
 
 
 def _append(path, text: str | bytes) -> None:
@@ -331,14 +331,14 @@ def test_plain_redis_entries_convert_in_numpy_as_the_general_path_does(flat, pla
     """The vectorised conversion of a reply takes only what `parse_event` takes, with
     the same values; the rest (and a reply it cannot lay out as a table) goes to the
     general path, entry by entry."""
-    events, converted = sources._plain_redis_events([PLAIN, flat, PLAIN])
+    events, converted = redis_source._plain_redis_events([PLAIN, flat, PLAIN])
     assert converted.tolist() == [True, plain, True]
     fields = dict(zip(flat[::2], flat[1::2], strict=True))
     if plain:
-        assert tuple(events[1]) == sources.parse_event(fields)
+        assert tuple(events[1]) == event_parsing.parse_event(fields)
     assert tuple(events[0]) == tuple(events[2]) == (12, 3400, 978300760)
     for odd in (None, [b"user", b"1"], PLAIN + [b"extra", b"1"]):  # deleted, short, long
-        assert not sources._plain_redis_events([PLAIN, odd])[1].any()
+        assert not redis_source._plain_redis_events([PLAIN, odd])[1].any()
 
 
 def test_redis_a_commit_inside_a_reply_acknowledges_up_to_its_position(redis_server):
@@ -346,7 +346,7 @@ def test_redis_a_commit_inside_a_reply_acknowledges_up_to_its_position(redis_ser
     such a position) acknowledges exactly the entries up to it, the rest later."""
     client = redis_server.client()
     ids = _publish(client, "events", [(u, u, u) for u in range(6)])
-    source = sources.RedisSource(redis_server.client(), "events")
+    source = redis_source.RedisSource(redis_server.client(), "events")
     assert len(source.read(6, 0.1)) == 6
     source.commit({"id": ids[3].decode(), "dead_letters": 0})
     pending = client.xpending_range("events", "trainer", "-", "+", 10)
@@ -358,7 +358,7 @@ def test_redis_a_commit_inside_a_reply_acknowledges_up_to_its_position(redis_ser
 def test_redis_source_acknowledges_only_on_commit(redis_server):
     client = redis_server.client()
     _publish(client, "events", [(u, u * 10, u) for u in range(10)])
-    source = sources.RedisSource(redis_server.client(), "events")
+    source = redis_source.RedisSource(redis_server.client(), "events")
     first = source.read(4, 0.1)
     second = source.read(4, 0.1)
     assert first.users.tolist() == [0, 1, 2, 3] and second.users.tolist() == [4, 5, 6, 7]
@@ -373,10 +373,10 @@ def test_redis_source_acknowledges_only_on_commit(redis_server):
 def test_redis_redelivers_uncommitted_events_after_a_restart(redis_server):
     client = redis_server.client()
     _publish(client, "events", [(u, u, u) for u in range(12)])
-    crashed = sources.RedisSource(redis_server.client(), "events")
+    crashed = redis_source.RedisSource(redis_server.client(), "events")
     checkpointed = crashed.read(5, 0.1)  # trained and checkpointed, never acknowledged
     crashed.read(5, 0.1)  # trained after the checkpoint: lost with the process
-    restarted = sources.RedisSource(redis_server.client(), "events")
+    restarted = redis_source.RedisSource(redis_server.client(), "events")
     restarted.restore(checkpointed.position)
     events, _ = _read_all(restarted, chunk=3)
     assert [user for user, _ in events] == list(range(5, 12))  # 0-4 not trained twice
@@ -409,7 +409,7 @@ def test_redis_malformed_entries_go_to_the_dead_letter_stream(redis_server):
     client = redis_server.client()
     bad_ids = _publish_malformed(client)
     client.xadd("events", {"user": 10, "item": 11, "timestamp": 12})
-    source = sources.RedisSource(redis_server.client(), "events")
+    source = redis_source.RedisSource(redis_server.client(), "events")
     chunk = source.read(100, 0.1)
     assert chunk.users.tolist() == [1, 4, 10] and len(chunk.ids) == 3
     assert source.dead_letters == 12 == chunk.position["dead_letters"]
@@ -433,7 +433,7 @@ def test_redis_malformed_entries_go_to_the_dead_letter_stream(redis_server):
     ]
     for error, start in zip(errors, expected, strict=True):
         assert error.startswith(start), (error, start)
-    assert max(len(fields[b"payload"]) for _, fields in dead) < sources.MAX_PAYLOAD_CHARS + 100
+    assert max(len(fields[b"payload"]) for _, fields in dead) < dead_letters.MAX_PAYLOAD_CHARS + 100
     source.commit(chunk.position)
     assert _pending(client) == 0  # dead letters are acknowledged with the rest
 
@@ -441,7 +441,7 @@ def test_redis_malformed_entries_go_to_the_dead_letter_stream(redis_server):
 def test_redis_an_id_beyond_int64_among_plain_entries_is_dead_lettered(redis_server):
     client = redis_server.client()
     _publish(client, "events", [(1, 1, 1), (99999999999999999999999, 1, 1), (2, 2, 2)])
-    source = sources.RedisSource(redis_server.client(), "events")
+    source = redis_source.RedisSource(redis_server.client(), "events")
     chunk = source.read(10, 0.1)
     assert chunk.users.tolist() == [1, 2] and source.dead_letters == 1
 
@@ -449,9 +449,9 @@ def test_redis_an_id_beyond_int64_among_plain_entries_is_dead_lettered(redis_ser
 def test_redis_dead_letters_once_and_counts_the_total_over_restarts(redis_server):
     client = redis_server.client()
     bad_ids = _publish_malformed(client)
-    crashed = sources.RedisSource(redis_server.client(), "events")
+    crashed = redis_source.RedisSource(redis_server.client(), "events")
     assert len(crashed.read(100, 0.1)) == 2  # dead-lettered, killed before a checkpoint
-    again = sources.RedisSource(redis_server.client(), "events")
+    again = redis_source.RedisSource(redis_server.client(), "events")
     again.restore(None)
     chunk = again.read(100, 0.1)
     assert len(chunk) == 2 and again.dead_letters == 12
@@ -459,7 +459,7 @@ def test_redis_dead_letters_once_and_counts_the_total_over_restarts(redis_server
     again.commit(chunk.position)
     newer = client.xadd("events", {"user": "x", "item": 1, "timestamp": 1})
     _publish(client, "events", [(5, 5, 5)])
-    after_checkpoint = sources.RedisSource(redis_server.client(), "events")
+    after_checkpoint = redis_source.RedisSource(redis_server.client(), "events")
     after_checkpoint.restore(chunk.position)
     assert after_checkpoint.read(100, 0.1).users.tolist() == [5]
     assert after_checkpoint.dead_letters == 13
@@ -471,7 +471,7 @@ def test_redis_a_connection_lost_while_dead_lettering_reads_the_reply_again(redi
     _publish(client, "events", [(1, 1, 1)])
     client.xadd("events", {"user": "bad", "item": 1, "timestamp": 1})
     _publish(client, "events", [(2, 2, 2)])
-    source = sources.RedisSource(redis_server.client(), "events", max_backoff=0.05)
+    source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.05)
     dead_letter_writes = source.client.xadd
 
     def lose_the_connection_once(*args, **kwargs):
@@ -491,7 +491,7 @@ def test_redis_a_dead_letter_stream_keyed_otherwise_still_gets_every_dead_letter
     client = redis_server.client()
     client.xadd("events:dead", {"id": "?", "error": "older", "payload": ""}, id="99999999999999-0")
     bad = client.xadd("events", {"user": "bad", "item": 1, "timestamp": 1})
-    source = sources.RedisSource(redis_server.client(), "events")
+    source = redis_source.RedisSource(redis_server.client(), "events")
     source.read(10, 0.1)
     assert [fields[b"id"] for _, fields in client.xrange("events:dead")] == [b"?", bad]
 
@@ -499,12 +499,12 @@ def test_redis_a_dead_letter_stream_keyed_otherwise_still_gets_every_dead_letter
 def test_redis_restores_a_position_of_the_earlier_format(redis_server):
     client = redis_server.client()
     _publish(client, "events", [(u, u, u) for u in range(4)])
-    crashed = sources.RedisSource(redis_server.client(), "events")
+    crashed = redis_source.RedisSource(redis_server.client(), "events")
     checkpointed = crashed.read(2, 0.1)
-    restarted = sources.RedisSource(redis_server.client(), "events")
+    restarted = redis_source.RedisSource(redis_server.client(), "events")
     restarted.restore(checkpointed.position["id"])  # a bare entry id
     assert [user for user, _ in _read_all(restarted)[0]] == [2, 3]
-    counts = sources.RedisSource(redis_server.client(), "events")
+    counts = redis_source.RedisSource(redis_server.client(), "events")
     counts.restore({"id": checkpointed.position["id"], "dead_letters": 3})  # no lost events
     assert (counts.dead_letters, counts.lost_events) == (3, 0)
 
@@ -512,7 +512,7 @@ def test_redis_restores_a_position_of_the_earlier_format(redis_server):
 def test_redis_source_rides_out_a_server_restart(redis_server):
     client = redis_server.client()
     _publish(client, "events", [(u, u, u) for u in range(5)])
-    source = sources.RedisSource(redis_server.client(), "events", max_backoff=0.2)
+    source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.2)
     assert source.read(5, 0.1).users.tolist() == [0, 1, 2, 3, 4]
     redis_server.kill()
     assert source.read(5, 0.1) is None  # no error: it waits and retries
@@ -530,7 +530,7 @@ def test_entries_delivered_in_a_reply_lost_to_a_dropped_connection_are_read_agai
 ):
     client = redis_server.client()
     _publish(client, "events", [(u, u, u) for u in range(5)])
-    source = sources.RedisSource(redis_server.client(), "events", max_backoff=0.2)
+    source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.2)
     assert source.read(2, 0.1).users.tolist() == [0, 1]
     # Redis hands 2 and 3 to this consumer, but the reply never reaches the source.
     client.xreadgroup("trainer", "trainer-0", {"events": ">"}, count=2)
@@ -541,6 +541,7 @@ def test_entries_delivered_in_a_reply_lost_to_a_dropped_connection_are_read_agai
     assert [user for user, _ in events] == [2, 3, 4]  # nothing lost, nothing twice
 
 
+@pytest.mark.integration
 def test_the_test_redis_server_moves_off_a_port_taken_before_its_first_start(tmp_path):
     """The suite's workers draw free ports side by side: one taken between the draw and
     the first start must not fail the test using the server; a restart keeps its port."""
@@ -602,12 +603,12 @@ def test_redis_entries_trimmed_while_the_trainer_was_stopped_are_counted_once(
 ):
     client = each_redis_server.client()
     _publish(client, "events", [(u, u, u) for u in range(10)])
-    first = sources.RedisSource(each_redis_server.client(), "events")
+    first = redis_source.RedisSource(each_redis_server.client(), "events")
     trained = first.read(4, 0.1)
     first.commit(trained.position)  # 0-3 trained and checkpointed; then it stops
     _publish_capped(client, range(10, 30), maxlen=5)  # 4-24 trimmed unread
     caplog.clear()
-    restarted = sources.RedisSource(each_redis_server.client(), "events")
+    restarted = redis_source.RedisSource(each_redis_server.client(), "events")
     restarted.restore(trained.position)
     events, position = _read_all(restarted, chunk=10)
     assert [user for user, _ in events] == list(range(25, 30))
@@ -624,7 +625,7 @@ def test_redis_entries_trimmed_while_the_trainer_was_stopped_are_counted_once(
     lost = restarted.lost_events
     _publish_capped(client, range(30, 32), maxlen=5)  # trims only entries read
     caplog.clear()
-    again = sources.RedisSource(each_redis_server.client(), "events")
+    again = redis_source.RedisSource(each_redis_server.client(), "events")
     again.restore(position)  # the total travels in the position, and is not counted twice
     events, position = _read_all(again, chunk=10)
     again.close()
@@ -640,14 +641,14 @@ def test_redis_a_restart_from_a_checkpoint_before_the_trimmed_entries_counts_the
     (the group's counter, not this process, says how many it skipped)."""
     client = valkey_server.client()
     _publish(client, "events", [(u, u, u) for u in range(10)])
-    first = sources.RedisSource(valkey_server.client(), "events")
+    first = redis_source.RedisSource(valkey_server.client(), "events")
     checkpointed = first.read(4, 0.1)
     first.commit(checkpointed.position)
     _publish_capped(client, range(10, 30), maxlen=5)
-    crashed = sources.RedisSource(valkey_server.client(), "events")
+    crashed = redis_source.RedisSource(valkey_server.client(), "events")
     crashed.restore(checkpointed.position)
     assert len(_read_all(crashed)[0]) == 5 and crashed.lost_events == 21  # then killed
-    restarted = sources.RedisSource(valkey_server.client(), "events")
+    restarted = redis_source.RedisSource(valkey_server.client(), "events")
     restarted.restore(checkpointed.position)
     events, _ = _read_all(restarted)  # 25-29 again, from the pending list
     assert [user for user, _ in events] == list(range(25, 30))
@@ -662,14 +663,14 @@ def test_redis_a_loss_the_counters_cannot_tell_is_reported_uncounted(valkey_serv
     the source cannot count what was trimmed, and says so."""
     client = valkey_server.client()
     ids = _publish(client, "events", [(u, u, u) for u in range(10)])
-    first = sources.RedisSource(valkey_server.client(), "events")
+    first = redis_source.RedisSource(valkey_server.client(), "events")
     assert len(first.read(3, 0.1)) == 3
     client.xdel("events", ids[5])
     chunk = first.read(4, 0.1)
     first.commit(chunk.position)
     client.xtrim("events", maxlen=1, approximate=False)  # 8 trimmed unread
     caplog.clear()
-    restarted = sources.RedisSource(valkey_server.client(), "events")
+    restarted = redis_source.RedisSource(valkey_server.client(), "events")
     restarted.restore({"id": chunk.position["id"], "dead_letters": 0})
     assert _read_all(restarted)[0] == [(9, 9)]
     assert _trim_warnings(caplog) == [
@@ -684,7 +685,7 @@ def test_redis_a_loss_the_counters_cannot_tell_is_reported_uncounted(valkey_serv
 def test_redis_entries_trimmed_between_reads_are_counted(each_redis_server, caplog):
     client = each_redis_server.client()
     ids = _publish(client, "events", [(u, u, u) for u in range(8)])
-    source = sources.RedisSource(each_redis_server.client(), "events", trim_check_secs=0)
+    source = redis_source.RedisSource(each_redis_server.client(), "events", trim_check_secs=0)
     assert source.read(8, 0.1).users.tolist() == list(range(8))
     _publish_capped(client, range(8, 20), maxlen=4)  # 8-15 trimmed before the next read
     caplog.clear()
@@ -706,7 +707,7 @@ def test_redis_entries_skipped_between_two_checks_are_counted_by_the_next(valkey
     checks are counted by the next one (the last: at close, for the run's summary)."""
     client = valkey_server.client()
     _publish(client, "events", [(u, u, u) for u in range(8)])
-    source = sources.RedisSource(valkey_server.client(), "events", trim_check_secs=3600)
+    source = redis_source.RedisSource(valkey_server.client(), "events", trim_check_secs=3600)
     assert source.read(8, 0.1).users.tolist() == list(range(8))  # checked before it
     _publish_capped(client, range(8, 20), maxlen=4)
     assert source.read(10, 0.1).users.tolist() == [16, 17, 18, 19]  # not checked
@@ -720,13 +721,13 @@ def test_redis_pending_entries_trimmed_before_training_are_lost_not_dead_letters
 ):
     client = each_redis_server.client()
     _publish(client, "events", [(u, u, u) for u in range(10)])
-    crashed = sources.RedisSource(each_redis_server.client(), "events")
+    crashed = redis_source.RedisSource(each_redis_server.client(), "events")
     checkpointed = crashed.read(2, 0.1)
     crashed.commit(checkpointed.position)
     assert len(crashed.read(4, 0.1)) == 4  # 2-5 delivered, then the trainer is killed
     client.xtrim("events", maxlen=6, approximate=False)  # 0-3 trimmed: 2 and 3 pending
     caplog.clear()
-    restarted = sources.RedisSource(each_redis_server.client(), "events")
+    restarted = redis_source.RedisSource(each_redis_server.client(), "events")
     restarted.restore(checkpointed.position)
     events, position = _read_all(restarted, chunk=10)
     restarted.close()
@@ -744,7 +745,7 @@ def test_redis_pending_entries_trimmed_before_training_are_lost_not_dead_letters
 def test_redis_a_trainer_keeping_up_with_a_capped_stream_loses_nothing(each_redis_server, caplog):
     """MAXLEN trims only entries already read: nothing lost, nothing reported."""
     client = each_redis_server.client()
-    source = sources.RedisSource(each_redis_server.client(), "events", trim_check_secs=0)
+    source = redis_source.RedisSource(each_redis_server.client(), "events", trim_check_secs=0)
     trained = []
     for start in range(0, 30, 3):
         _publish_capped(client, range(start, start + 3), maxlen=5)

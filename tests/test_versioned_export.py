@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from recommendation.online import versioned_export
@@ -54,6 +55,7 @@ def test_no_versions_in_a_missing_folder(tmp_path):
     assert versioned_export.latest_export(str(tmp_path / "none")) is None
 
 
+@pytest.mark.integration
 def test_versions_keep_increasing_after_a_restart_from_an_older_step(tmp_path):
     crashed = _Scaler()
     exporter = versioned_export.Exporter(

@@ -47,6 +47,7 @@ def _exited_pid() -> int:
     return process.pid
 
 
+@pytest.mark.integration
 def test_a_live_holder_on_this_host_refuses_a_second_writer(tmp_path):
     _write_lease(tmp_path)  # pid 1 runs, and started when it says
     with pytest.raises(ModelDirError) as refused:
@@ -60,6 +61,7 @@ def test_a_live_holder_on_this_host_refuses_a_second_writer(tmp_path):
     assert json.loads((tmp_path / LEASE_FILE).read_text())["token"] == "theirs"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "fields, reason",
     [
@@ -98,6 +100,7 @@ def test_a_holder_on_another_host_is_waited_for_until_its_lease_expires(tmp_path
         pass
 
 
+@pytest.mark.integration
 def test_clean_empties_only_a_folder_it_holds(tmp_path):
     (tmp_path / "ckpt-1.index").write_text("a checkpoint")
     _write_lease(tmp_path)
@@ -147,6 +150,7 @@ def test_one_process_holds_a_folder_once(tmp_path):
             writer_lease.hold(str(tmp_path / "."), "ncf-online").__enter__()
 
 
+@pytest.mark.integration
 def test_of_processes_starting_together_one_wins(tmp_path):
     # Four processes race for one folder from the same instant (each waits, TensorFlow
     # imported, for the go file): one takes the lease, three are refused.
@@ -217,6 +221,7 @@ def _error_line(process: subprocess.Popen) -> str:
     return the_error_line(subprocess.CompletedProcess(process.args, process.returncode, out, err))
 
 
+@pytest.mark.integration
 def test_a_second_online_trainer_is_refused_and_a_killed_one_is_taken_over(tmp_path):
     lease_file = tmp_path / "model" / LEASE_FILE
     first = _online(tmp_path, "first", "--max_seconds=600", "--checkpoint_every_steps=1")
@@ -245,6 +250,7 @@ def test_a_second_online_trainer_is_refused_and_a_killed_one_is_taken_over(tmp_p
     assert out.splitlines()[-1].startswith("online: ")
 
 
+@pytest.mark.integration
 def test_ncf_main_on_a_model_dir_in_use_is_refused_and_leaves_it_alone(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -17,8 +17,9 @@ from official.core import model_dir, writer_lease
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc.write_failures import WriteFailures
 from recommendation.online import delta_checkpoints, versioned_export
+from recommendation.online.callback_base import Callback
 from recommendation.online.online_ncf import OnlineNeuMF
-from recommendation.online.rec_model import Callback, RecModel
+from recommendation.online.rec_model import RecModel
 
 
 class _Schedule:

@@ -32,262 +32,38 @@ The semantics are MindSpore's, translated:
   runs, the objects alive at its start and after each trace are frozen out of the
   garbage collector's full passes (``gc.freeze``; unfrozen when it returns).
 
-Unbounded datasets may yield `StreamBatch` objects, which carry the source offsets
-after the batch, and None while no data is available, so that time-based callbacks
-(checkpoint, export) still run when the stream is quiet. A dataset with
-``restore(position)`` and ``commit(position)`` methods is told the restored position
-before it is iterated and each position once a checkpoint holding it is durable.
+Unbounded datasets may yield `StreamBatch` objects (`stream_batches`), which carry the
+source offsets after the batch, and None while no data is available, so that
+time-based callbacks (checkpoint, export) still run when the stream is quiet. A
+dataset with ``restore(position)`` and ``commit(position)`` methods is told the
+restored position before it is iterated and each position once a checkpoint holding
+it is durable.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
-from absl import logging
 
 from official.core import precision, signals
 from official.core.runner import sum_over_steps, without_autotuning
-from recommendation.model import neumf_model
+from recommendation.online.callback_base import CallbackList
+from recommendation.online.metrics import build_metrics
+from recommendation.online.stream_batches import (
+    BatchGroup,
+    Prefetcher,
+    StreamBatch,
+    group_batches,
+)
 
 AMP_LEVELS = ("O0", "O2", "O3", "auto")
 BOOST_LEVELS = ("O0", "O1", "O2")
-
-
-@dataclasses.dataclass
-class StreamBatch:
-    """One batch from an unbounded source.
-
-    Attributes:
-        data: What the network (or `loss_fn`) takes: ``(data, label)`` or its inputs.
-        position: JSON-able source offsets just after this batch (None: untracked).
-        num_events: Source events in the batch (for rates and stop conditions).
-        ids: Source ids of the events (for audits), or None.
-    """
-
-    data: Any
-    position: Any = None
-    num_events: int = 0
-    ids: list | None = None
-
-
-# ---------------------------------------------------------------------------
-# Metrics
-
-
-@keras.saving.register_keras_serializable(package="ncf")
-class BlockMetric(keras.metrics.Mean):
-    """Mean HR@k or NDCG@k over `(users, block)` score blocks, held-out item last.
-
-    Labels are ignored: the block layout says which item is the positive one.
-    """
-
-    def __init__(self, kind: str = "hit_rate", k: int = 10, name: str | None = None, **kwargs):
-        super().__init__(name=name or kind, **kwargs)
-        self.kind, self.k = kind, k
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        hits, gains = neumf_model.compute_hr_ndcg(y_pred, None, self.k)
-        return super().update_state(hits if self.kind == "hit_rate" else gains, sample_weight)
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), "kind": self.kind, "k": self.k}
-
-
-_METRICS: dict[str, Callable[[], keras.metrics.Metric]] = {
-    "accuracy": lambda: keras.metrics.BinaryAccuracy(name="accuracy"),
-    "auc": lambda: keras.metrics.AUC(name="auc"),
-    "precision": lambda: keras.metrics.Precision(name="precision"),
-    "recall": lambda: keras.metrics.Recall(name="recall"),
-    "loss": lambda: keras.metrics.Mean(name="loss"),
-    "hit_rate": lambda: BlockMetric("hit_rate"),
-    "ndcg": lambda: BlockMetric("ndcg"),
-}
-
-
-def _build_metrics(metrics) -> dict[str, keras.metrics.Metric]:
-    if metrics is None:
-        return {}
-    items = metrics.items() if isinstance(metrics, dict) else ((None, m) for m in metrics)
-    built = {}
-    for key, metric in items:
-        if isinstance(metric, str):
-            if metric not in _METRICS:
-                raise ValueError(f"unknown metric {metric!r}; known: {sorted(_METRICS)}")
-            metric = _METRICS[metric]()
-        built[key or metric.name] = metric
-    return built
-
-
-# ---------------------------------------------------------------------------
-# Callbacks
-
-
-class Callback(keras.callbacks.Callback):
-    """A Keras callback that also sees the RecModel (``self.rec_model``) and quiet
-    periods of a stream (`on_idle`)."""
-
-    rec_model: RecModel | None = None
-
-    def set_rec_model(self, rec_model: RecModel) -> None:
-        self.rec_model = rec_model
-
-    def on_idle(self, logs: dict | None = None) -> None:
-        """Called while the stream has no new data (about once per source poll)."""
-
-
-class _Callbacks:
-    """Dispatches to Keras callbacks and to ours (which get the RecModel too)."""
-
-    def __init__(self, callbacks, rec_model: RecModel) -> None:
-        self.callbacks = list(callbacks or [])
-        for callback in self.callbacks:
-            callback.set_model(rec_model.network)
-            if isinstance(callback, Callback):
-                callback.set_rec_model(rec_model)
-
-    def __getattr__(self, name: str):
-        def dispatch(*args):
-            for callback in self.callbacks:
-                getattr(callback, name, lambda *_: None)(*args)
-
-        return dispatch
-
-
-# ---------------------------------------------------------------------------
-# Input grouping
-
-
-@dataclasses.dataclass
-class _Group:
-    """Up to sink_size batches of one structure and shape, stacked on a new axis."""
-
-    stacked: Any
-    num_steps: int
-    position: Any
-    num_events: int
-    ids: list
-
-
-def _num_examples(data) -> int:
-    first = tf.nest.flatten(data)[0]
-    return int(first.shape[0]) if len(first.shape) else 1
-
-
-def _signature(data) -> tuple:
-    return tuple((tuple(np.shape(t)), np.asarray(t).dtype.str) for t in tf.nest.flatten(data))
-
-
-def _groups(elements: Iterator, size: int, has_position: list) -> Iterator[_Group | None]:
-    """Groups consecutive same-shaped batches; None (quiet stream) ends a group."""
-    pending: list[StreamBatch] = []
-
-    def flush() -> _Group:
-        datas = [b.data for b in pending]
-        stacked = tf.nest.map_structure(lambda *ts: np.stack([np.asarray(t) for t in ts]), *datas)
-        group = _Group(
-            stacked,
-            len(pending),
-            pending[-1].position,
-            sum(b.num_events for b in pending),
-            [i for b in pending for i in (b.ids or ())],
-        )
-        pending.clear()
-        return group
-
-    for element in elements:
-        if element is None:
-            if pending:
-                yield flush()
-            yield None
-            continue
-        if isinstance(element, StreamBatch):
-            has_position[0] = True
-        else:
-            element = StreamBatch(element, None, _num_examples(element))
-        if pending and _signature(pending[0].data) != _signature(element.data):
-            yield flush()
-        pending.append(element)
-        if len(pending) == size:
-            yield flush()
-    if pending:
-        yield flush()
-
-
-class _Prefetcher:
-    """Runs `_groups` on a background thread, `depth` groups ahead (boost O1+).
-
-    `close` waits for that thread to end: one left inside TensorFlow or a socket read
-    (polling a gs:// folder, say) when the interpreter exits is killed there by
-    Python's finalisation, which aborts the process ("FATAL: exception not rethrown")
-    after training has already succeeded.
-    """
-
-    _END = object()
-    # Longest wait in `close` for the read in flight (a source read is bounded by its
-    # own timeout, seconds); the producer thread of `data_pipeline` gets the same.
-    _JOIN_TIMEOUT_SEC = 60.0
-
-    def __init__(self, groups: Iterator, depth: int = 2) -> None:
-        self._queue: queue.Queue = queue.Queue(depth)
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(groups,), daemon=True, name="rec-model-prefetch"
-        )
-        self._thread.start()
-
-    def _run(self, groups: Iterator) -> None:
-        try:
-            for group in groups:
-                if not self._put(group):
-                    return
-        except BaseException as error:  # handed to the training thread
-            self._error = error
-        self._put(self._END)
-
-    def _put(self, item: Any) -> bool:
-        """Queues `item` unless `close` is called first (False then)."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator:
-        while True:
-            item = self._queue.get()
-            if item is self._END:
-                if self._error is not None:
-                    raise self._error
-                return
-            yield item
-
-    def close(self) -> None:
-        """Stops reading ahead and waits for the read in flight to return."""
-        self._stop.set()
-        self._thread.join(self._JOIN_TIMEOUT_SEC)
-        if self._thread.is_alive():
-            logging.warning(
-                "the stream read in flight did not return within %.0f s of the stop; "
-                "the process may abort when it exits",
-                self._JOIN_TIMEOUT_SEC,
-            )
-
-
-# ---------------------------------------------------------------------------
-# RecModel
 
 
 def _freeze_long_lived() -> None:
@@ -348,7 +124,7 @@ class RecModel:
             raise ValueError("eval_network needs eval_indexes = [loss, prediction, label]")
         self.network, self.loss_fn = network, loss_fn
         self.eval_network, self.eval_indexes = eval_network, eval_indexes
-        self.metrics = _build_metrics(metrics)
+        self.metrics = build_metrics(metrics)
         self.boost_level = boost_level
         self.policy = _policy(amp_level)
         if self.policy is not None:
@@ -588,7 +364,7 @@ class RecModel:
             # Else deleting each pass's iterator waits for the autotuning thread.
             dataset = without_autotuning(dataset)
         self._dataset = dataset
-        callback_list = _Callbacks(callbacks, self)
+        callback_list = CallbackList(callbacks, self)
         self.stop_training = self.network.stop_training = False
         start, events, logs = time.perf_counter(), 0, {}
         stopped_by = "end of data"
@@ -599,8 +375,8 @@ class RecModel:
             callback_list.on_train_begin({})
             if epoch_index is not None:
                 callback_list.on_epoch_begin(epoch_index, {})
-            groups = _groups(iter(dataset), steps_per_call, has_position)
-            prefetcher = _Prefetcher(groups) if self.boost_level != "O0" else None
+            groups = group_batches(iter(dataset), steps_per_call, has_position)
+            prefetcher = Prefetcher(groups) if self.boost_level != "O0" else None
             _freeze_long_lived()
             try:
                 for group in prefetcher or groups:
@@ -643,7 +419,7 @@ class RecModel:
             return "callback"
         return ""
 
-    def _run_group(self, group: _Group) -> dict:
+    def _run_group(self, group: BatchGroup) -> dict:
         self._build_optimizer()
         stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
         key = tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked))
@@ -662,7 +438,7 @@ class RecModel:
             metric.reset_state()
         if self._eval_call is None:
             self._eval_call = tf.function(self._eval_step, reduce_retracing=True)
-        callback_list = _Callbacks(callbacks, self)
+        callback_list = CallbackList(callbacks, self)
         callback_list.on_test_begin({})
         for index, batch in enumerate(valid_dataset):
             data = batch.data if isinstance(batch, StreamBatch) else batch

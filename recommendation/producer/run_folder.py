@@ -89,7 +89,7 @@ class GenerationParams:
     """What the trainer asks the producer to generate (``params.json``).
 
     Attributes:
-        cache_path: Preprocessing cache (`data_preprocessing.read_cache`).
+        cache_path: Preprocessing cache (`preprocessing_cache.read_cache`).
         batch_size: Training points per batch (global, across replicas).
         eval_users_per_batch: Evaluation users per batch (each a block of points).
         num_neg: Negatives per training positive.

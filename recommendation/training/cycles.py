@@ -30,7 +30,7 @@ from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
 from official.utils.logs.summaries import ScalarSummaries
 from recommendation import export
-from recommendation.data import constants, data_preprocessing
+from recommendation.data import constants, preprocessing_cache
 from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.mlperf import mlperf_tags
 from recommendation.model import neumf_model
@@ -115,7 +115,7 @@ def _run_holding_model_dir(
             config.mlperf if chief else None, mlperf_tags.V05_TAGS
         ) as mlperf:
             with signals.interruptible():  # numpy and file reads only: may stop anywhere
-                data = data_preprocessing.load_or_build(config.data).data
+                data = preprocessing_cache.load_or_build(config.data).data
             runner = _make_runner(config, data, strategy)
             benchmark = BenchmarkLogger(config.benchmark_log_dir if chief else None)
             benchmark.log_run_info(config.flag_values, config.benchmark_test_id, config.preset)
@@ -347,7 +347,7 @@ def _generation_params(
     block = runner.params.eval_block_size
     replicas = runner.strategy.num_replicas_in_sync
     return GenerationParams(
-        cache_path=os.path.join(config.data.resolved_cache_dir(), data_preprocessing.CACHE_FILE),
+        cache_path=os.path.join(config.data.resolved_cache_dir(), preprocessing_cache.CACHE_FILE),
         batch_size=config.batch_size,
         eval_users_per_batch=_eval_users_per_batch(config, block, replicas, data.num_users),
         num_neg=config.num_neg,
