@@ -51,12 +51,15 @@ def _imports_tensorflow(path: str) -> bool:
         return any(line.startswith(("import tensorflow", "import keras")) for line in source)
 
 
-# The scripts that import TensorFlow themselves: the ones whose import order matters
-# (the others load it through `official` or `recommendation`).
+# The scripts and their modules that import TensorFlow themselves: the ones whose
+# import order matters (the others load it through `official` or `recommendation`).
 _SCRIPTS = sorted(
-    name[: -len(".py")]
-    for name in os.listdir(os.path.join(_ROOT, "scripts"))
-    if name.endswith(".py") and _imports_tensorflow(os.path.join(_ROOT, "scripts", name))
+    os.path.relpath(os.path.join(folder, name), os.path.join(_ROOT, "scripts"))[
+        : -len(".py")
+    ].replace(os.sep, ".")
+    for folder, _, names in os.walk(os.path.join(_ROOT, "scripts"))
+    for name in names
+    if name.endswith(".py") and _imports_tensorflow(os.path.join(folder, name))
 )
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 
