@@ -25,7 +25,9 @@ class _Trainer:
         self.optimizer = optimizers.LazyAdam(learning_rate=0.1)
         self.optimizer.build([])
         self.num_slots = self.layer.attach_optimizer(self.optimizer)
-        self._step = tf.function(self._train)
+        self._step = tf.function(
+            self._train, input_signature=[tf.TensorSpec([None], self.layer.key_dtype)]
+        )
 
     def _train(self, ids):
         with tf.GradientTape() as tape:
