@@ -7,6 +7,7 @@ The packages follow the data flow:
   trainer's `tf.data` side of it;
 - `model`: NeuMF, its kernels, optimisers and the Estimator-style ``model_fn``;
 - `training`: the NCF flags and configs and the train/eval cycles;
+- `serving`: a trained NeuMF as a SavedModel (and ONNX) behind raw-id signatures;
 - `online`: training from unbounded event streams (hash embeddings, sources,
   checkpoints, exports);
 - `mlperf`: NCF's MLPerf tag set and compliance rules.

@@ -14,9 +14,9 @@ from absl import app, flags
 from official.core import signals
 from official.core.model_dir import ModelDirError
 from official.utils.misc import errors
-from recommendation import export
 from recommendation.data import movielens
 from recommendation.producer import data_pipeline
+from recommendation.serving import export_files
 from recommendation.training import cycles, ncf_common, reporting
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> None:
         errors.exit_on_user_errors(
             movielens.DataError,
             data_pipeline.ProducerError,
-            export.ExportError,
+            export_files.ExportError,
             ModelDirError,
             ValueError,
         ),

@@ -27,12 +27,12 @@ import tensorflow as tf
 from absl import app, flags
 
 from official.utils.misc import atomic, errors
-from recommendation import export
 from recommendation.data import movie_titles, movielens
 from recommendation.data.movielens import DataError
 from recommendation.online import versioned_export
+from recommendation.serving import export_files
 
-_USER_IDS_HINT = os.path.join("assets", export.USER_IDS_FILE)
+_USER_IDS_HINT = os.path.join("assets", export_files.USER_IDS_FILE)
 # Raw ids are int64, as in the ratings files and the signatures.
 _MIN_ID, _MAX_ID = -(2**63), 2**63 - 1
 
@@ -90,7 +90,7 @@ class Recommender:
     """
 
     def __init__(self, export_dir: str) -> None:
-        signatures = export.load_export(export_dir).signatures
+        signatures = export_files.load_export(export_dir).signatures
         if "recommend" not in signatures:
             if tf.io.gfile.exists(os.path.join(export_dir, versioned_export.INFO_FILE)):
                 raise DataError(
@@ -239,7 +239,7 @@ def run(fv: flags.FlagValues) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    with errors.exit_on_user_errors(DataError, export.ExportError):
+    with errors.exit_on_user_errors(DataError, export_files.ExportError):
         print(run(flags.FLAGS))
 
 

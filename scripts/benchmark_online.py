@@ -103,8 +103,6 @@ flags.register_validator(
     "capacity", lambda value: value is None or value > 0, "--capacity must be positive"
 )
 
-TARGET_EVENTS_PER_SECOND = 20_000
-TARGET_FRESHNESS_SECONDS = 5.0
 THIS_TREE = "this"
 ML_1M_USERS = 6_040
 NEW_USER_BASE = 10_000_000  # above every ML-1M user id (1 to 6,040)
@@ -528,9 +526,7 @@ def _print_throughput(throughput: dict, full) -> None:
         ratio = f"{r['rate'] / base:8.2f}x" if base else "        -"
         runs = " (" + ", ".join(f"{x:,.0f}" for x in r["runs"]) + ")" if "runs" in r else ""
         print(f"{label:27} | {r['events']:9,} | {r['rate']:18,.0f} | {ratio} | {r['load']}{runs}")
-    best = max(r["rate"] for _, r in rows)
-    verdict = "MET" if best >= TARGET_EVENTS_PER_SECOND else "NOT MET"
-    print(f"target >= {TARGET_EVENTS_PER_SECOND:,} events/s (4 negatives each): {verdict}\n")
+    print()
 
 
 def _seconds(value: float | None) -> str:
@@ -564,12 +560,9 @@ def _print_freshness(fresh: dict) -> None:
         f"{fresh['checkpoint']}{warm_up}"
     )
     if len(delays):
-        worst = float(delays.max())
-        verdict = "MET" if worst < TARGET_FRESHNESS_SECONDS else "NOT MET"
         print(
             f"  {len(delays)} exports: publication -> export p50 {np.median(delays):.2f} s, "
-            f"p90 {np.percentile(delays, 90):.2f} s, max {worst:.2f} s "
-            f"(target < {TARGET_FRESHNESS_SECONDS:.0f} s: {verdict})\n"
+            f"p90 {np.percentile(delays, 90):.2f} s, max {float(delays.max()):.2f} s\n"
         )
 
 

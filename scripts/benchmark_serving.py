@@ -36,7 +36,7 @@ import onnxruntime
 import tensorflow as tf
 from training_benchmarks.harness import ml1m_data_dir
 
-from recommendation import export
+from recommendation.serving import export_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,12 +86,12 @@ def saved_model_method(recommend, batch_size: int, k: int):
 def onnx_method(export_dir: str, batch_size: int, k: int):
     """users -> item ids: ONNX Runtime scores every item, numpy excludes and ranks."""
     session = onnxruntime.InferenceSession(
-        os.path.join(export_dir, export.ONNX_FILE), providers=["CPUExecutionProvider"]
+        os.path.join(export_dir, export_files.ONNX_FILE), providers=["CPUExecutionProvider"]
     )
     loaded = tf.saved_model.load(export_dir)  # for the training interactions
     offsets, train_items = loaded.train_offsets.numpy(), loaded.train_items.numpy()
-    item_ids = raw_ids(export_dir, export.ITEM_IDS_FILE)
-    user_ids = raw_ids(export_dir, export.USER_IDS_FILE)
+    item_ids = raw_ids(export_dir, export_files.ITEM_IDS_FILE)
+    user_ids = raw_ids(export_dir, export_files.USER_IDS_FILE)
     user_index = dict(zip(user_ids.tolist(), range(len(user_ids)), strict=True))
 
     def run(users: np.ndarray) -> np.ndarray:
@@ -183,17 +183,17 @@ def main() -> None:
             parser.error(f"no export in {args.export_dir}: give --ratings to make one")
         with tempfile.TemporaryDirectory() as work:
             print(train_and_export(args.ratings, work, args.export_dir))
-    users = raw_ids(args.export_dir, export.USER_IDS_FILE)
+    users = raw_ids(args.export_dir, export_files.USER_IDS_FILE)
     recommend = tf.saved_model.load(args.export_dir).signatures["recommend"]
     methods = [("SavedModel recommend, 1 user/call", saved_model_method(recommend, 1, args.k))]
     for batch_size in args.batch_sizes:
         name = f"SavedModel recommend, {batch_size} users/call"
         methods.append((name, saved_model_method(recommend, batch_size, args.k)))
-    if os.path.exists(os.path.join(args.export_dir, export.ONNX_FILE)):
+    if os.path.exists(os.path.join(args.export_dir, export_files.ONNX_FILE)):
         name = f"ONNX Runtime scores + numpy top-k, {args.batch_sizes[0]} users/call"
         methods.append((name, onnx_method(args.export_dir, args.batch_sizes[0], args.k)))
     rows = compare(methods, users, args.rounds, args.users_per_round)
-    items = len(raw_ids(args.export_dir, export.ITEM_IDS_FILE))
+    items = len(raw_ids(args.export_dir, export_files.ITEM_IDS_FILE))
     print_table(rows, args.k, len(users), items, args.rounds, args.users_per_round)
     # The fastest batching, timed over every user.
     best = max(rows[1 : 1 + len(args.batch_sizes)], key=lambda row: row[1])[0]

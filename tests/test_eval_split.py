@@ -22,7 +22,6 @@ from conftest import (
 
 from official.core.model_dir import ModelDirError
 from official.core.runner import completed_epochs_of
-from recommendation import export
 from recommendation.data import constants, data_preprocessing, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.data.movielens import DataError
@@ -34,6 +33,7 @@ from recommendation.producer import (
     stat_utils,
 )
 from recommendation.producer.run_folder import EvalInfo
+from recommendation.serving import neumf_export
 from recommendation.training import cycles, reporting, selection
 
 VALIDATION = "validation"  # the --eval_split value
@@ -313,7 +313,7 @@ def test_the_export_holds_the_selected_weights(selected_run):
     np.testing.assert_allclose(exported, in_memory, atol=1e-6)
     # And the export command, from the checkpoints, exports the same selected weights.
     again = dataclasses.replace(config, export_dir=str(root / "again"))
-    export.export_from_checkpoint(again)
+    neumf_export.export_from_checkpoint(again)
     from_checkpoint = tf.saved_model.load(again.export_dir).signatures["serving_default"]
     scores = from_checkpoint(
         user_id=tf.constant(data.user_ids[users]), item_id=tf.constant(data.item_ids[items])

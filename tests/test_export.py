@@ -23,8 +23,8 @@ from conftest import (
 )
 
 from official.core.model_dir import ModelDirError
-from recommendation import export
 from recommendation.data import constants
+from recommendation.serving import export_files, neumf_export, onnx_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,16 +143,19 @@ def test_recommend_pads_when_fewer_items_than_k_are_left(trained_export):
 
 def test_id_maps_are_saved_as_assets(trained_export):
     data = trained_export.data
-    for name, ids in ((export.USER_IDS_FILE, data.user_ids), (export.ITEM_IDS_FILE, data.item_ids)):
+    for name, ids in (
+        (export_files.USER_IDS_FILE, data.user_ids),
+        (export_files.ITEM_IDS_FILE, data.item_ids),
+    ):
         with open(os.path.join(trained_export.export_dir, "assets", name)) as stream:
             assert [int(line) for line in stream] == ids.tolist()
 
 
 def test_onnx_scores_equal_the_saved_model_and_the_model(trained_export):
     data = trained_export.data
-    assert trained_export.onnx_max_difference <= export.ONNX_TOLERANCE
+    assert trained_export.onnx_max_difference <= onnx_model.ONNX_TOLERANCE
     session = onnxruntime.InferenceSession(
-        os.path.join(trained_export.export_dir, export.ONNX_FILE),
+        os.path.join(trained_export.export_dir, export_files.ONNX_FILE),
         providers=["CPUExecutionProvider"],
     )
     users, items = _sample(data)
@@ -160,18 +163,18 @@ def test_onnx_scores_equal_the_saved_model_and_the_model(trained_export):
     raw_items = np.append(data.item_ids[items], data.item_ids[0]).astype(np.int64)
     known, scores = session.run(["known", "scores"], {"user_id": raw_users, "item_id": raw_items})
     expected = _in_memory_scores(trained_export.model, users, items)
-    assert np.abs(scores[:-1] - expected).max() <= export.ONNX_TOLERANCE
+    assert np.abs(scores[:-1] - expected).max() <= onnx_model.ONNX_TOLERANCE
     assert known.tolist() == [True] * len(users) + [False] and np.isnan(scores[-1])
     serving = tf.saved_model.load(trained_export.export_dir).signatures["serving_default"]
     served = serving(user_id=tf.constant(raw_users), item_id=tf.constant(raw_items))["scores"]
-    np.testing.assert_allclose(scores, served.numpy(), atol=export.ONNX_TOLERANCE)
+    np.testing.assert_allclose(scores, served.numpy(), atol=onnx_model.ONNX_TOLERANCE)
 
 
 def test_export_from_a_checkpoint(trained_export, tmp_path):
     config = dataclasses.replace(
         trained_export.config, export_dir=str(tmp_path / "again"), export_onnx=False
     )
-    assert export.export_from_checkpoint(config) is None
+    assert neumf_export.export_from_checkpoint(config) is None
     serving = tf.saved_model.load(config.export_dir).signatures["serving_default"]
     data = trained_export.data
     users, items = _sample(data, 20)
@@ -188,7 +191,7 @@ def test_export_from_a_checkpoint(trained_export, tmp_path):
     [
         pytest.param(
             lambda config, tmp: dict(model_dir=str(tmp / "empty")),
-            export.ExportError,
+            export_files.ExportError,
             "no checkpoint in --model_dir",
             id="no_checkpoint",
         ),
@@ -200,7 +203,7 @@ def test_export_from_a_checkpoint(trained_export, tmp_path):
         ),
         pytest.param(
             lambda config, tmp: dict(export_dir=None),
-            export.ExportError,
+            export_files.ExportError,
             "--export_dir is required",
             id="no_dir",
         ),
@@ -212,7 +215,7 @@ def test_export_from_a_checkpoint(trained_export, tmp_path):
         ),
         pytest.param(
             lambda config, tmp: dict(export_dir=os.path.join(_a_file(tmp), "export")),
-            export.ExportError,
+            export_files.ExportError,
             r"^cannot write the export in .*a_file/export: .*a_file is not a directory; "
             "pass --export_dir with a writable folder$",
             id="below_a_file",
@@ -224,7 +227,7 @@ def test_export_from_a_checkpoint_explains_what_is_wrong(
 ):
     config = dataclasses.replace(trained_export.config, export_dir=str(tmp_path / "export"))
     with pytest.raises(error, match=message):
-        export.export_from_checkpoint(dataclasses.replace(config, **change(config, tmp_path)))
+        neumf_export.export_from_checkpoint(dataclasses.replace(config, **change(config, tmp_path)))
     assert not os.path.exists(tmp_path / "export")
 
 
@@ -298,11 +301,11 @@ _DAMAGES = {
     "pb_truncated": (lambda d: truncate_half(d / "saved_model.pb"), "saved_model.pb is corrupt"),
     "pb_empty": (lambda d: (d / "saved_model.pb").write_bytes(b""), "saved_model.pb is corrupt"),
     "id_map_missing": (
-        lambda d: os.remove(d / "assets" / export.USER_IDS_FILE),
+        lambda d: os.remove(d / "assets" / export_files.USER_IDS_FILE),
         "assets/user_ids.txt is missing",
     ),
     "id_map_truncated": (
-        lambda d: truncate_half(d / "assets" / export.USER_IDS_FILE),
+        lambda d: truncate_half(d / "assets" / export_files.USER_IDS_FILE),
         "assets/user_ids.txt or assets/item_ids.txt is corrupt (an id listed twice)",
     ),
 }
@@ -315,8 +318,8 @@ def test_a_damaged_export_is_named_with_its_file_and_the_fix(
     damaged_export = tmp_path / "export"
     shutil.copytree(trained_export.export_dir, damaged_export)
     damage(damaged_export)
-    with pytest.raises(export.ExportError) as raised:
-        export.load_export(str(damaged_export))
+    with pytest.raises(export_files.ExportError) as raised:
+        export_files.load_export(str(damaged_export))
     assert str(raised.value) == (
         f"the export in {damaged_export} is damaged or incomplete: {damaged}; export it "
         f"again with ncf-main --export_dir {damaged_export} or python -m "
@@ -330,13 +333,15 @@ def test_the_onnx_parity_check_names_a_damaged_saved_model(trained_export, tmp_p
     shutil.copytree(trained_export.export_dir, damaged_export)
     truncate_half(damaged_export / _DATA)
     sample = (trained_export.data.user_ids[:5], trained_export.data.item_ids[:5])
-    onnx_path = str(damaged_export / export.ONNX_FILE)
-    with pytest.raises(export.ExportError, match=f"{_DATA} is truncated or corrupt; export it"):
-        export.check_onnx_parity(str(damaged_export), onnx_path, sample)
+    onnx_path = str(damaged_export / export_files.ONNX_FILE)
+    with pytest.raises(
+        export_files.ExportError, match=f"{_DATA} is truncated or corrupt; export it"
+    ):
+        onnx_model.check_onnx_parity(str(damaged_export), onnx_path, sample)
 
 
 # ---------------------------------------------------------------------------
-# Writing the SavedModel: whole or not at all (`export.write_saved_model`)
+# Writing the SavedModel: whole or not at all (`export_files.write_saved_model`)
 
 
 def _exports(folder) -> list[str]:
@@ -364,7 +369,7 @@ def _serving(runner) -> tuple[tf.Module, dict]:
 
 
 def _export(runner, export_dir: str, finalize=None) -> None:
-    export.write_saved_model(export_dir, *_serving(runner), finalize)
+    export_files.write_saved_model(export_dir, *_serving(runner), finalize)
 
 
 @pytest.mark.integration

@@ -18,9 +18,10 @@ from conftest import (
     write_movies,
 )
 
-from recommendation import export, recommend
+from recommendation import recommend
 from recommendation.data.movielens import DataError
 from recommendation.online import online_ncf, versioned_export
+from recommendation.serving import export_files
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -112,7 +113,9 @@ def test_malformed_movies_file_is_named(trained_export, tmp_path):
 
 def test_missing_export_dir_says_how_to_make_one(tmp_path):
     parsed = _parse(f"--export_dir={tmp_path / 'nothing'}", "--user_id=1")
-    with pytest.raises(export.ExportError, match="no SavedModel in .*; export one with ncf-main"):
+    with pytest.raises(
+        export_files.ExportError, match="no SavedModel in .*; export one with ncf-main"
+    ):
         recommend.run(parsed)
 
 

@@ -29,13 +29,13 @@ from official.utils.logs import mlperf_helper
 from official.utils.logs.logger import BenchmarkLogger
 from official.utils.logs.mlperf_helper import MlperfLogger
 from official.utils.logs.summaries import ScalarSummaries
-from recommendation import export
 from recommendation.data import constants, preprocessing_cache
 from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.mlperf import mlperf_tags
 from recommendation.model import neumf_model
 from recommendation.producer import data_pipeline, run_folder
 from recommendation.producer.run_folder import GenerationParams
+from recommendation.serving import neumf_export, onnx_model
 from recommendation.training import pretrain, reporting, selection
 from recommendation.training.ncf_common import NcfConfig
 
@@ -76,7 +76,7 @@ def run(config: NcfConfig) -> RunResult:
     check_eval_split(config)
     pretrain.check_pretrain(config)
     if config.export_onnx:
-        export.require_onnx()  # before training, not after it
+        onnx_model.require_onnx()  # before training, not after it
     distribution_utils.configure_threads(config.inter_op_threads, config.intra_op_threads)
     if config.seed is not None:
         # Same seed, same initial weights; with op determinism, same metrics on CPU.
@@ -126,7 +126,7 @@ def _run_holding_model_dir(
         stop.kept = _kept_for_resume(config)
         raise
     if config.export_dir and chief:
-        parity = export.export_serving(runner, data, config.export_dir, config.export_onnx)
+        parity = neumf_export.export_serving(runner, data, config.export_dir, config.export_onnx)
         summary["export_dir"] = config.export_dir
         if parity is not None:
             summary["onnx_max_score_difference"] = parity
