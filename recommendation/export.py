@@ -36,4 +36,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     ncf_common.define_ncf_flags()
-    app.run(main)
+    app.run(main, flags_parser=ncf_common.flags_parser)

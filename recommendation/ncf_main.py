@@ -2,6 +2,7 @@
 
     ncf-main --dataset synthetic --train_epochs 3          # offline
     ncf-main --dataset ml-1m --data_dir DIR                # tuned ML-1M defaults
+    ncf-main --config mlperf_ml20m --data_dir DIR          # a named experiment
 
 Flags are parsed here only: `NcfConfig` carries them to the cycles
 (`recommendation.training.cycles`), which say what a run does.
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> None:
 def run_main() -> None:
     """Console-script entry point (``ncf-main``)."""
     ncf_common.define_ncf_flags()
-    app.run(main)
+    app.run(main, flags_parser=ncf_common.flags_parser)
 
 
 if __name__ == "__main__":

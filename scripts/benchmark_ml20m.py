@@ -1,15 +1,15 @@
 """The MLPerf ml-20m configuration end to end, stage by stage.
 
-Runs ``ncf-main --flagfile scripts/mlperf_ml20m.flags`` on an ml-20m-shaped ratings
+Runs ``ncf-main --config mlperf_ml20m`` on an ml-20m-shaped ratings
 file for --train_epochs epochs (at least 2, so at least 2 training cycles, of one
-epoch each as the flagfile says: with one cycle the trainer's wait after the first
+epoch each as the experiment says: with one cycle the trainer's wait after the first
 cycle is 0 by construction) and prints, per stage: preprocessing cold and cached
 (measured here, before the run, in this process), the producer's evaluation set and
 each training cycle (from its log), training examples/s and evaluation seconds per
 epoch (from the benchmark log), the trainer's wait for data (at the start and after
 the first cycle, against the training time), peak RSS of the trainer and of the
 producer (their VmHWM, read every second), the checkpoint's size, the MLPerf
-compliance log's events, and the projected wall time of the flagfile's 14 epochs.
+compliance log's events, and the projected wall time of the experiment's 14 epochs.
 
 The real ml-20m is not downloadable from the machines this was written on; make the
 file with ``python -m recommendation.data.synthetic_data --shape ml-20m --data_dir DIR``.
@@ -36,9 +36,10 @@ from official.utils.logs.logger import BENCHMARK_LOG_FILE
 from official.utils.misc import machine
 from recommendation.data import preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig
+from recommendation.training import experiments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLAGFILE = os.path.join(ROOT, "scripts", "mlperf_ml20m.flags")
+MLPERF_ML20M = experiments.EXPERIMENTS["mlperf_ml20m"]
 
 
 class _Watch(threading.Thread):
@@ -79,7 +80,7 @@ class _Watch(threading.Thread):
 def _preprocessing_seconds(data_dir: str, cache_dir: str) -> tuple[float, float]:
     """Seconds to preprocess from the ratings file (no cache), then from the cache."""
     shutil.rmtree(cache_dir, ignore_errors=True)
-    # The flagfile's --ml_perf is part of the cache's parameters: build the run's cache.
+    # The experiment's --ml_perf is part of the cache's parameters: build the run's cache.
     config = DataConfig(dataset="ml-20m", data_dir=data_dir, cache_dir=cache_dir, ml_perf=True)
     times = []
     for _ in range(2):
@@ -87,12 +88,6 @@ def _preprocessing_seconds(data_dir: str, cache_dir: str) -> tuple[float, float]
         preprocessing_cache.load_or_build(config)
         times.append(time.perf_counter() - start)
     return times[0], times[1]
-
-
-def _flagfile_epochs() -> int:
-    """The flagfile's --train_epochs: what the projection is for."""
-    with open(FLAGFILE) as flagfile:
-        return int(re.search(r"^--train_epochs=(\d+)$", flagfile.read(), re.MULTILINE)[1])
 
 
 def _records(path: str, kind: str) -> list[dict]:
@@ -139,7 +134,7 @@ def main() -> None:
         sys.executable,
         "-m",
         "recommendation.ncf_main",
-        f"--flagfile={FLAGFILE}",
+        f"--config={MLPERF_ML20M.name}",
         f"--data_dir={data_dir}",
         f"--cache_dir={cache_dir}",
         f"--model_dir={model_dir}",
@@ -194,17 +189,17 @@ def report(work_dir: str) -> None:
     mlperf_events = {
         key: logged[key] for key in ("eval_accuracy", "epoch_start", "epoch_stop", "run_stop")
     }
-    flagfile_epochs = _flagfile_epochs()
+    config_epochs = MLPERF_ML20M.values["train_epochs"]
 
     train_s = [record["train_seconds"] for record in epochs]
     eval_s = [record["eval_seconds"] for record in epochs]
     later_wait = summary["wait_seconds"]
     later_train = sum(train_s[1:])
     startup_s = summary["total_seconds"] - sum(train_s) - sum(eval_s) - later_wait
-    projected = startup_s + flagfile_epochs * (
+    projected = startup_s + config_epochs * (
         sum(train_s) / len(train_s) + sum(eval_s) / len(eval_s)
     )
-    projected += (flagfile_epochs - 1) * later_wait / max(1, len(train_s) - 1)
+    projected += (config_epochs - 1) * later_wait / max(1, len(train_s) - 1)
     rss_total = (peak["trainer"] + peak["producer"]) / 2**30
     wait_fraction = later_wait / later_train
     eval_points = int(eval_set[1]) * int(eval_set[2]) if eval_set else None
@@ -243,7 +238,7 @@ def report(work_dir: str) -> None:
         ("checkpoint", f"{checkpoint} {checkpoint_bytes / 2**20:.0f} MiB"),
         ("MLPerf log events", ", ".join(f"{k} {v}" for k, v in mlperf_events.items())),
         ("run in all", f"{summary['total_seconds']:.1f} s for {len(train_s)} epochs"),
-        (f"projected, the flagfile's {flagfile_epochs} epochs", f"{projected / 3600:.2f} h"),
+        (f"projected, the experiment's {config_epochs} epochs", f"{projected / 3600:.2f} h"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

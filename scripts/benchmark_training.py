@@ -52,6 +52,8 @@ from training_benchmarks.pretrained import pretrained
 from training_benchmarks.throughput import THROUGHPUT_EPOCHS, throughput
 from training_benchmarks.time_to_target import time_to_target
 
+from recommendation.training import experiments
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -121,7 +123,10 @@ def main() -> None:
     parser.add_argument(
         "--convergence_target", type=float, default=0.23, help="HR@10, 999 negatives"
     )
-    parser.add_argument("--paper_epochs", type=int, default=12)
+    protocol = experiments.PAPER_PROTOCOL  # each --paper_* option left unset keeps its value
+    parser.add_argument(
+        "--paper_epochs", type=int, help=f"default: {protocol['train_epochs']}, the experiment's"
+    )
     parser.add_argument(
         "--paper_factors",
         type=int,
@@ -129,7 +134,11 @@ def main() -> None:
         choices=sorted(PAPER_TABLE2),
         help="default: 8, 16, 32 and 64",
     )
-    parser.add_argument("--paper_learning_rate", type=float, default=0.001)
+    parser.add_argument(
+        "--paper_learning_rate",
+        type=float,
+        help=f"Adam's; default: {protocol['learning_rate']}, the experiment's",
+    )
     parser.add_argument(
         "--pretrain_learning_rate",
         type=float,
@@ -147,8 +156,9 @@ def main() -> None:
         "--pretrain_gmf_part",
         action="append",
         choices=["gmf", "mf"],
-        help="how the pretrained suite trains NeuMF's GMF part (PART_FLAGS; default: "
-        "both, the one with the best mean validation HR@10 of its NeuMF is reported)",
+        help="how the pretrained suite trains NeuMF's GMF part (the experiments "
+        "ncf_paper_gmf_F and ncf_paper_mf_F; default: both, the one with the best mean "
+        "validation HR@10 of its NeuMF is reported)",
     )
     parser.add_argument("--paper_learning_rate_decay", type=float, default=1.0)
     parser.add_argument("--paper_decay_start_epoch", type=int, default=0)
@@ -169,13 +179,15 @@ def main() -> None:
         "dense Adam over whole tables, is what the paper's Keras code did",
     )
     parser.add_argument(
-        "--paper_num_neg", type=int, default=4, help="training negatives per positive"
+        "--paper_num_neg",
+        type=int,
+        help=f"training negatives per positive; default: {protocol['num_neg']}, the experiment's",
     )
     parser.add_argument(
         "--paper_embedding_init",
         choices=["glorot_uniform", "normal"],
-        default="normal",
-        help="normal: N(0, 0.01^2) as in the paper's code",
+        help="normal: N(0, 0.01^2) as in the paper's code; default: "
+        f"{protocol['embedding_init']}, the experiment's",
     )
     parser.add_argument(
         "--paper_seed", type=int, action="append", help="one run per seed (default: 1, 2, 3)"
@@ -183,8 +195,8 @@ def main() -> None:
     parser.add_argument(
         "--paper_batch_size",
         type=int,
-        default=1024,
-        help="the paper used 256; larger batches keep this CPU run short",
+        help="the paper used 256; larger batches keep this CPU run short; default: "
+        f"{protocol['batch_size']}, the experiment's",
     )
     args = parser.parse_args()
     if args.resume and not args.log_dir:

@@ -157,7 +157,7 @@ def main() -> None:
             "--batches_per_step=1",
             *args.extra_flag,
         ]
-        flags.FLAGS(["ncf-main", *flag_line])
+        ncf_common.parse_ncf_flags(["ncf-main", *flag_line])
         config = ncf_common.ncf_config_from_flags(flags.FLAGS)
         tf.profiler.experimental.start(os.path.join(work, "profile"))
         summary = cycles.run(config).summary

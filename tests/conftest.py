@@ -24,14 +24,15 @@ import keras
 import pytest
 import redis
 import tensorflow as tf
+from absl import flags
 
 from official.core.runner import Runner
 from recommendation.data import preprocessing_cache, synthetic_data
-from recommendation.data.data_preprocessing import DataConfig, PreprocessedData
+from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.model import neumf_model
 from recommendation.model.hyperparams import ModelParams
 from recommendation.producer import data_pipeline
-from recommendation.training import cycles
+from recommendation.training import cycles, experiments, ncf_common
 from recommendation.training.ncf_common import NcfConfig
 
 # A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored,
@@ -64,19 +65,9 @@ TINY_ROWS = [
     (30, 70000, 60),
 ]
 
-# A tiny ncf-main command line (seconds to train): synthetic data, a small model.
-TINY_NCF_MAIN_FLAGS = [
-    "--dataset=synthetic",
-    "--synthetic_num_users=200",
-    "--synthetic_num_items=150",
-    "--synthetic_num_ratings=8000",
-    "--batch_size=1024",
-    "--num_eval_negatives=49",
-    "--num_factors=4",
-    "--layers=8,4",
-    "--mlp_regularization=0,0",
-    "--seed=2",
-]
+# A tiny ncf-main command line (seconds to train): the `tiny` experiment, generated
+# data of 300 users and a small NeuMF (`tiny_ncf_config` is its config).
+TINY_NCF_MAIN_FLAGS = ["--config=tiny"]
 
 
 def write_movielens(path: str, rows: Iterable[tuple[int, int, int]], kind: str) -> str:
@@ -384,7 +375,12 @@ def gcs(tmp_path_factory) -> Iterable[fake_gcs.GcsEmulator]:
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_SPEC = synthetic_data.SyntheticSpec(num_users=300, num_items=200, num_ratings=12_000)
+_TINY = experiments.EXPERIMENTS["tiny"].values
+TINY_SPEC = synthetic_data.SyntheticSpec(
+    num_users=_TINY["synthetic_num_users"],
+    num_items=_TINY["synthetic_num_items"],
+    num_ratings=_TINY["synthetic_num_ratings"],
+)
 
 
 def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -476,27 +472,18 @@ def damage_checkpoint(prefix: str, how: str) -> str:
 
 
 def tiny_ncf_config(root, **overrides) -> NcfConfig:
-    """The test configuration of ncf_main (Flax-style): 300 users, a small NeuMF, the
-    producer in a thread of the test's process (the same data as its own process)."""
-    values = dict(
-        data=DataConfig(dataset="synthetic", data_dir=str(root / "data"), synthetic=TINY_SPEC),
-        model_dir=str(root / "model"),
-        train_epochs=2,
-        batch_size=2048,
-        num_eval_negatives=99,
-        seed=1,
-        use_subprocess=False,
-        model=ModelParams(
-            num_users=0,
-            num_items=0,
-            mf_dim=8,
-            layers=(16, 8),
-            mlp_regularization=(0.0, 0.0),
-            learning_rate=0.01,
-        ),
+    """The config of ``ncf-main --config tiny`` (Flax-style) with its folders under
+    `root` and the producer in a thread of the test's process (the same data as its own
+    process); `overrides` replace fields."""
+    flag_values = flags.FlagValues()
+    ncf_common.define_ncf_flags(flag_values)
+    ncf_common.parse_ncf_flags(
+        ["ncf-main", *TINY_NCF_MAIN_FLAGS, f"--data_dir={root / 'data'}"]
+        + [f"--model_dir={root / 'model'}"],
+        flag_values,
     )
-    values.update(overrides)
-    return NcfConfig(**values)
+    config = ncf_common.ncf_config_from_flags(flag_values)
+    return dataclasses.replace(config, use_subprocess=False, **overrides)
 
 
 @dataclasses.dataclass(frozen=True)

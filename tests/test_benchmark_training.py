@@ -15,6 +15,8 @@ import sys
 import pytest
 from conftest import SCRIPTS_DIR, load_script
 
+from recommendation.training import experiments
+
 sys.path.insert(0, SCRIPTS_DIR)  # as `python scripts/benchmark_training.py` has it
 from training_benchmarks import (  # noqa: E402
     harness,
@@ -135,26 +137,33 @@ def test_the_fine_tuning_rate_is_chosen_on_validation_alone():
     assert pretrained.chosen_on_validation({0.5: runs[0.01], 0.2: runs[0.01]}) == 0.5
 
 
-def test_the_mf_part_overrides_the_paper_flags_with_its_recipe():
-    # After the paper protocol's flags (a later flag wins), the MF part is SGD at 0.008 per
-    # example: a rate of 0.008 x the batch on ncf-main's batch-mean loss.
+def _ncf_config(arguments: list[str]):
+    """The config ncf-main builds from `arguments`."""
     from absl import flags
 
     from recommendation.training import ncf_common
 
     flag_values = flags.FlagValues()
     ncf_common.define_ncf_flags(flag_values)
-    paper_flags = ["--dataset=ncf-ml-1m", "--num_factors=64", "--layers=512,256,128,64"]
-    paper_flags += ["--mlp_regularization=0,0,0,0", "--batch_size=1024", "--learning_rate=0.001"]
-    flag_values(
-        ["ncf_main", *paper_flags, "--num_neg=4", "--train_epochs=20", *pretrained.PART_FLAGS["mf"]]
-    )
-    config = ncf_common.ncf_config_from_flags(flag_values)
-    model = config.model
-    assert (model.model_kind, model.optimizer, model.mf_dim) == ("mf", "sgd", 64)
-    assert (config.batch_size, config.num_neg, config.train_epochs) == (8192, 8, 64)
-    assert model.learning_rate == pytest.approx(0.008 * config.batch_size)
-    assert model.row_regularization == 0.0025
+    ncf_common.parse_ncf_flags(["ncf_main", *arguments], flag_values)
+    return ncf_common.ncf_config_from_flags(flag_values)
+
+
+def test_the_paper_options_given_override_the_experiment_but_not_the_mf_recipe():
+    args = argparse.Namespace(**dict.fromkeys(paper.PAPER_OPTIONS), paper_tower="text")
+    args.paper_batch_size, args.paper_epochs, args.paper_learning_rate = 256, 20, 0.002
+    neumf = _ncf_config(paper.paper_arguments(args, 64, "neumf"))
+    assert (neumf.batch_size, neumf.train_epochs, neumf.model.learning_rate) == (256, 20, 0.002)
+    assert neumf.model.layers == (256, 128, 64) and neumf.model.mlp_regularization == (0.0,) * 3
+    assert (neumf.data.dataset, neumf.data.eval_split) == ("ncf-ml-1m", "validation")
+    assert (neumf.num_neg, neumf.model.embedding_init) == (4, "normal")  # the experiment's
+    # The MF part is SGD at 0.008 per example: a rate of 0.008 x the batch on
+    # ncf-main's batch-mean loss; its batch, rate and epochs win over the options.
+    mf = _ncf_config(paper.paper_arguments(args, 64, "mf"))
+    assert (mf.model.model_kind, mf.model.optimizer, mf.model.mf_dim) == ("mf", "sgd", 64)
+    assert (mf.batch_size, mf.num_neg, mf.train_epochs) == (8192, 8, 64)
+    assert mf.model.learning_rate == pytest.approx(0.008 * mf.batch_size)
+    assert mf.model.row_regularization == 0.0025
 
 
 @pytest.mark.integration
@@ -171,17 +180,12 @@ def test_the_peer_runs_without_our_pythonpath(tmp_path, monkeypatch):
 
 
 def test_each_throughput_row_runs_the_configuration_it_names():
-    # Through ncf-main's own flag parsing and the ml-1m preset, which turns XLA on for
-    # the flags left unset: a row without XLA in its name must run without it.
-    from absl import flags
-
-    from recommendation.training import ncf_common
-
+    # Through ncf-main's own flag parsing and the ml-1m preset (which a baseline tree
+    # applies), which turns XLA on for the flags left unset: a row without XLA in its
+    # name must run without it.
     for name, extra in throughput.THROUGHPUT_ROWS:
-        flag_values = flags.FlagValues()
-        ncf_common.define_ncf_flags(flag_values)
-        flag_values(["ncf_main", *harness.MLPERF_MODEL, "--dataset=ml-1m", *extra])
-        config = ncf_common.ncf_config_from_flags(flag_values)
+        throughput_flags = experiments.as_arguments(experiments.EXPERIMENTS["throughput"].values)
+        config = _ncf_config(["--config=ml1m_tuned", *throughput_flags, *extra])
         xla = "XLA" in name
         assert (config.enable_xla, config.batches_per_step) == (xla, 8 if xla else 1), name
         assert (config.model.dtype == "bf16") == ("bf16" in name), name
@@ -303,8 +307,13 @@ def test_resume_needs_a_log_dir(script, monkeypatch, capsys):
 
 
 def _flag(flags, name):
-    """The value ncf-main takes for --name: its last occurrence."""
-    return [flag.partition("=")[2] for flag in flags if flag.startswith(f"--{name}=")][-1]
+    """The value ncf-main takes for --name: its last occurrence, or else the value of
+    the --config experiment."""
+    given = [flag.partition("=")[2] for flag in flags if flag.startswith(f"--{name}=")]
+    if given:
+        return given[-1]
+    values = experiments.EXPERIMENTS[_flag(flags, "config")].values
+    return experiments.as_arguments({name: values[name]})[0].partition("=")[2]
 
 
 def _fake_runs(monkeypatch, selected_epoch) -> dict:

@@ -9,15 +9,19 @@ from absl import flags
 
 from official.utils.flags import core, mlperf
 from official.utils.logs.mlperf_helper import MlperfOptions
-from recommendation.data import movielens, ratings_readers
-from recommendation.training import ncf_common, ncf_flags
+from recommendation.data import ratings_readers
+from recommendation.training import experiments, ncf_common, ncf_flags
 from recommendation.training.ncf_common import NcfConfig
 
 
 def _parse(*args: str, define=ncf_common.define_ncf_flags) -> flags.FlagValues:
+    """`args` parsed as ncf-main parses them (the data flags alone as absl does)."""
     flag_values = flags.FlagValues()
     define(flag_values)
-    flag_values(["ncf_main", *args])
+    if define is ncf_common.define_ncf_flags:
+        ncf_common.parse_ncf_flags(["ncf_main", *args], flag_values)
+    else:
+        flag_values(["ncf_main", *args])
     return flag_values
 
 
@@ -276,7 +280,12 @@ def _user_argument(flag: flags.Flag) -> str:
     return _argument(flag, 1000 if flag.default is None else flag.default)
 
 
-_PRESET = ncf_common.DATASET_DEFAULTS[movielens.ML_1M]
+# The tuned ML-1M experiment but its --dataset, which the tests give.
+_PRESET = {
+    name: value
+    for name, value in experiments.EXPERIMENTS["ml1m_tuned"].values.items()
+    if name != "dataset"
+}
 _ROWS = {spec.name: spec for spec in core.specs(ncf_flags.NCF_FLAGS)}
 
 
@@ -298,7 +307,7 @@ def test_a_preset_never_overrides_a_flagfile_or_an_alias(tmp_path):
 
     def config(dataset: str) -> NcfConfig:
         built = ncf_common.ncf_config_from_flags(_parse(dataset, f"--flagfile={flagfile}"))
-        return dataclasses.replace(built, data=NcfConfig().data, flag_values={})
+        return dataclasses.replace(built, data=NcfConfig().data, experiment=None, flag_values={})
 
     assert config("--dataset=ml-1m") == config("--dataset=ml-20m")
     assert config("--dataset=ml-1m").preset == {}
@@ -311,7 +320,7 @@ def test_the_run_info_says_which_values_came_from_the_preset():
     assert config.preset == {
         "num_factors": 64,
         "layers": ["256", "256", "128", "64"],
-        "mlp_regularization": ["0.0", "0.0", "0.0", "0.0"],
+        "mlp_regularization": ["0", "0", "0", "0"],
         "eval_batch_size": 160000,
         "learning_rate": 0.01,
         "train_epochs": 10,

@@ -32,7 +32,7 @@ from official.utils.logs.mlperf_helper import MlperfOptions
 from official.utils.misc import machine
 from recommendation.model import neumf_model
 from recommendation.producer import data_pipeline
-from recommendation.training import cycles, reporting
+from recommendation.training import cycles, experiments, reporting
 from recommendation.training.ncf_common import NcfConfig
 
 
@@ -53,7 +53,10 @@ def test_trains_evaluates_checkpoints_and_logs(tmp_path):
     evaluations = _records(tmp_path, "evaluation")
     assert [record["epoch"] for record in evaluations] == [0, 1]
     run_info = _records(tmp_path, "run_info")[0]
-    assert run_info["versions"]["tensorflow"].startswith("2.21") and run_info["preset"] == {}
+    assert run_info["versions"]["tensorflow"].startswith("2.21")
+    assert (
+        run_info["preset"]["synthetic_num_users"] == 300 and run_info["flags"]["config"] == "tiny"
+    )
     assert glob.glob(str(tmp_path / "model" / "events.out.tfevents.*"))
     assert os.path.exists(tmp_path / "model" / "checkpoint")
     assert os.listdir(tmp_path / "data" / "synthetic" / "runs") == []  # producer cleaned up
@@ -166,15 +169,14 @@ def test_command_line(tmp_path, extra, expect_ok):
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.startswith("best HR@10=")
         assert _info_sources(result.stderr) <= _OUR_FILES | _WRITTEN_WHILE_LOADING
-        # The synthetic preset fills what the command line leaves unset, and says so.
-        preset = {"eval_batch_size": 160000, "learning_rate": 0.01, "enable_xla": True}
-        preset["batches_per_step"] = 8
+        # The experiment fills what the command line leaves unset, and says so.
         run_info = _records(tmp_path, "run_info")[0]
-        assert run_info["preset"] == preset
-        assert (
-            run_info["flags"]["learning_rate"] == 0.01 and run_info["flags"]["batch_size"] == 1024
+        tiny = experiments.EXPERIMENTS["tiny"].values
+        assert run_info["preset"] == json.loads(
+            json.dumps({name: run_info["flags"][name] for name in tiny if name != "train_epochs"})
         )
-        assert f"Preset of --dataset synthetic for the flags left unset: {preset}" in result.stderr
+        assert run_info["flags"]["learning_rate"] == 0.01 and run_info["flags"]["train_epochs"] == 1
+        assert "Experiment tiny for the flags left unset: {'dataset': 'synthetic'" in result.stderr
     else:
         assert result.returncode != 0
         assert "--layers must be positive integers, the first even" in result.stderr

@@ -8,6 +8,7 @@ import dataclasses
 
 import keras
 
+from official.utils.flags.core import FieldRule, check_fields
 from recommendation.data import constants
 
 # What NeuMF scores with: both parts (NeuMF), the NCF paper's GMF or MLP model alone, or
@@ -92,39 +93,12 @@ class ModelParams:
     loss_scale: float | None = None
 
     def __post_init__(self):
-        if self.layers[0] % 2:
-            raise ValueError(f"layers[0] must be even, got {self.layers}")
-        if len(self.layers) != len(self.mlp_regularization):
+        if not valid_layers(self.layers):  # --layers checks it as it parses (`ncf_flags`)
             raise ValueError(
-                "mlp_regularization needs one value per layer: "
-                f"{self.layers} vs {self.mlp_regularization}"
+                f"layers must be positive, the first even (half user, half item "
+                f"embedding), got {self.layers}"
             )
-        if self.weight_decay and self.sparse_updates:
-            raise ValueError(
-                "weight decay shrinks every embedding row each step, which sparse "
-                "updates exist to avoid: use dense updates or no weight decay"
-            )
-        if self.loss_scale is not None and self.dtype != "fp16":
-            raise ValueError(f"a loss scale needs fp16 compute, got dtype {self.dtype!r}")
-        if self.embedding_init not in EMBEDDING_INITS:
-            raise ValueError(
-                f"embedding_init must be one of {sorted(EMBEDDING_INITS)}, "
-                f"got {self.embedding_init!r}"
-            )
-        if not self.embedding_stddev > 0:
-            raise ValueError(f"embedding_stddev must be > 0, got {self.embedding_stddev}")
-        if (
-            self.embedding_init != "normal"
-            and self.embedding_stddev != ModelParams.embedding_stddev
-        ):
-            raise ValueError(
-                f"embedding_stddev is the spread of the normal initialiser; "
-                f"{self.embedding_init!r} has none of its own"
-            )
-        if self.model_kind not in MODEL_KINDS:
-            raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {self.model_kind!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        check_fields(self, MODEL_RULES)
 
 
 # Embedding-table initialisers by name: the MLPerf reference's, and the NCF paper
@@ -133,3 +107,59 @@ EMBEDDING_INITS = {  # name: initializer of the given normal spread
     "glorot_uniform": lambda stddev: keras.initializers.GlorotUniform(),
     "normal": lambda stddev: keras.initializers.RandomNormal(stddev=stddev),
 }
+
+
+def valid_layers(widths: tuple[int, ...]) -> bool:
+    """Whether `widths` can be NeuMF's MLP: positive, the first even (it is split
+    between the user and the item embedding)."""
+    return bool(widths) and min(widths) > 0 and widths[0] % 2 == 0
+
+
+# What `ModelParams` holds to besides `valid_layers`; ncf-main checks the same rules
+# on its flags (`ncf_flags.NCF_FLAGS`), so a command line breaking one gets a flag error.
+MODEL_RULES = (
+    FieldRule(
+        ("layers", "mlp_regularization"),
+        lambda layers, mlp_regularization: len(layers) == len(mlp_regularization),
+        "{mlp_regularization} needs one value per {layers} entry",
+    ),
+    FieldRule(
+        ("weight_decay", "sparse_updates"),
+        lambda weight_decay, sparse_updates: not (weight_decay and sparse_updates),
+        "{weight_decay} shrinks every embedding row each step: it needs dense updates "
+        "(drop {sparse_updates})",
+    ),
+    FieldRule(
+        ("loss_scale", "dtype"),
+        lambda loss_scale, dtype: loss_scale is None or dtype == "fp16",
+        "{loss_scale} scales float16 gradients: it needs {dtype} fp16",
+    ),
+    FieldRule(
+        ("embedding_init",),
+        lambda embedding_init: embedding_init in EMBEDDING_INITS,
+        f"{{embedding_init}} must be one of {sorted(EMBEDDING_INITS)}",
+    ),
+    FieldRule(
+        ("embedding_stddev",),
+        lambda embedding_stddev: embedding_stddev > 0,
+        "{embedding_stddev} must be a positive number",
+    ),
+    FieldRule(
+        ("embedding_init", "embedding_stddev"),
+        lambda embedding_init, embedding_stddev: (
+            embedding_init == "normal" or embedding_stddev == ModelParams.embedding_stddev
+        ),
+        "{embedding_stddev} is the spread of {embedding_init} normal: add "
+        "{embedding_init} normal, or drop {embedding_stddev}",
+    ),
+    FieldRule(
+        ("model_kind",),
+        lambda model_kind: model_kind in MODEL_KINDS,
+        f"{{model_kind}} must be one of {MODEL_KINDS}",
+    ),
+    FieldRule(
+        ("optimizer",),
+        lambda optimizer: optimizer in OPTIMIZERS,
+        f"{{optimizer}} must be one of {OPTIMIZERS}",
+    ),
+)

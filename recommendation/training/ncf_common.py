@@ -3,26 +3,29 @@
 Each default is written once, in the config dataclasses (`NcfConfig` and the configs it
 holds); the tables of `ncf_flags` describe each flag once and name the field it sets,
 and both the absl flags and the configs are generated from them here
-(`official.utils.flags.core`). Flags are read only in the entry points' ``main()``:
-`create_ncf_data`, ``ncf_main`` and ``export`` call the builders here, ``online_main``
-its own; the config goes inward, so library code never reads ``FLAGS``. Every
-``define_*`` takes a `flag_values`, which lets tests parse command lines without the
-process-wide flags.
+(`official.utils.flags.core`). ncf-main and export parse their command line with
+`parse_ncf_flags`, which puts the named experiment's values (`experiments`) in front of
+it. Flags are read only in the entry points' ``main()``: `create_ncf_data`, ``ncf_main``
+and ``export`` call the builders here, ``online_main`` its own; the config goes inward,
+so library code never reads ``FLAGS``. Every ``define_*`` takes a `flag_values`, which
+lets tests parse command lines without the process-wide flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import sys
 
 from absl import flags, logging
 
 from official.utils import flags as flags_core
 from official.utils.flags import core
 from official.utils.logs.mlperf_helper import MlperfOptions
-from recommendation.data import constants, movielens, ratings_readers
+from recommendation.data import constants, ratings_readers
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.model.hyperparams import ModelParams
-from recommendation.training import ncf_flags
+from recommendation.training import experiments, ncf_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +62,10 @@ class NcfConfig:
         export_dir: Export a SavedModel for serving there at the end.
         export_onnx: Also export the scoring signature as ONNX (into export_dir).
         mlperf: The MLPerf compliance log (None: none).
-        preset: The flags whose values came from the `DATASET_DEFAULTS` of the dataset
-            (name -> value as a flag), because the user did not set them.
+        experiment: The named configuration (`experiments.EXPERIMENTS`) applied to
+            the flags the user left unset: --config, or the dataset's (None: none).
+        preset: The flags whose values came from `experiment` (name -> value as a
+            flag), because the user did not set them.
         flag_values: Every flag with the value the run used, for the benchmark log.
     """
 
@@ -102,29 +107,10 @@ class NcfConfig:
     export_dir: str | None = None
     export_onnx: bool = False
     mlperf: MlperfOptions | None = None
+    experiment: str | None = None
     preset: dict[str, object] = dataclasses.field(default_factory=dict)
     flag_values: dict = dataclasses.field(default_factory=dict)
 
-
-# What `ncf-main --dataset X` uses for flags left unset (field values by flag name): the
-# reference's defaults stop at HR@10 0.164 on ML-1M; these were tuned on this project's
-# CPU runs (see docs/benchmarks.md). A flag the user set, on the command line or in a
-# flagfile, keeps its value. The MLPerf ml-20m configuration is scripts/mlperf_ml20m.flags.
-DATASET_DEFAULTS: dict[str, dict[str, object]] = {
-    movielens.ML_1M: {
-        "num_factors": 64,
-        "layers": (256, 256, 128, 64),
-        "mlp_regularization": (0.0, 0.0, 0.0, 0.0),
-        "batch_size": 16384,
-        "eval_batch_size": 160000,
-        "learning_rate": 0.01,
-        "train_epochs": 10,
-        "enable_xla": True,
-        "batches_per_step": 8,
-    },
-}
-# The synthetic data is ML-1M-sized: the same configuration suits it.
-DATASET_DEFAULTS[movielens.SYNTHETIC] = DATASET_DEFAULTS[movielens.ML_1M]
 
 # The config `ncf_flags.GENERIC_FLAGS` are defined on and parsed into.
 _GENERIC_DEFAULTS = ratings_readers.GenericSource(path="")
@@ -172,35 +158,84 @@ def _data_config(config: NcfConfig, flag_values: flags.FlagValues) -> DataConfig
     )
 
 
+def parse_ncf_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+    """Parses an ncf-main command line with the named experiment's values in front of
+    it (--config, or else the one of --dataset in `experiments.DATASET_EXPERIMENTS`), so
+    that a flag given wins and every check and rule runs once, on the values the run
+    uses; a rule the experiment's values break names them. Returns absl's leftover
+    arguments (the program name first)."""
+    argv = flag_values.read_flags_from_files(argv, force_gnu=flag_values.is_gnu_getopt())
+    name = _experiment_of(argv)
+    values = experiments.EXPERIMENTS[name].values if name else {}
+    try:
+        return flag_values([argv[0], *experiments.as_arguments(values), *argv[1:]])
+    except flags.IllegalFlagValueError as error:
+        # absl names the flags of a failed check "--name=value" or "name=value".
+        involved = {
+            flag: value
+            for flag, value in values.items()
+            if flag_values[flag].present == 1 and re.search(rf"\b{flag}=", str(error))
+        }
+        if not involved:
+            raise
+        raise flags.IllegalFlagValueError(
+            f"{error} ({' '.join(experiments.as_arguments(involved))} came from --config "
+            f"{name}: set it on the command line, or choose another --config)"
+        ) from error
+
+
+def flags_parser(argv: list[str]) -> list[str]:
+    """`parse_ncf_flags` for ``app.run``: a bad command line ends as absl ends it (its
+    message and usage hint, status 1)."""
+    try:
+        return parse_ncf_flags(argv)
+    except flags.Error as error:
+        sys.stderr.write(f"FATAL Flags parsing error: {error}\n")
+        sys.stderr.write("Pass --helpshort or --helpfull to see help on flags.\n")
+        sys.exit(1)
+
+
+def _experiment_of(argv: list[str]) -> str | None:
+    """The experiment a command line asks for: its --config, or its --dataset's (the
+    last of each wins, as in absl); None for none or an unknown name (the parse says so)."""
+    probe = flags.FlagValues()
+    flags.DEFINE_string("config", None, "", flag_values=probe)
+    flags.DEFINE_string("dataset", NcfConfig().data.dataset, "", flag_values=probe)
+    probe(argv, known_only=True)
+    name = probe.config or experiments.DATASET_EXPERIMENTS.get(probe.dataset)
+    return name if name in experiments.EXPERIMENTS else None
+
+
 def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfConfig:
-    """The `NcfConfig` described by parsed NCF flags, with the `DATASET_DEFAULTS` of
-    --dataset for the flags the user left unset (logged, and kept in `preset`)."""
+    """The `NcfConfig` described by NCF flags parsed by `parse_ncf_flags`; `preset` holds
+    the values that came from the experiment (the flags given once, by it)."""
     fv = flag_values
+    name = fv.config or experiments.DATASET_EXPERIMENTS.get(fv.dataset)
+    values = experiments.EXPERIMENTS[name].values if name else {}
+    if any(not fv[flag].present for flag in values):
+        raise ValueError("NCF flags must be parsed by ncf_common.parse_ncf_flags")
+    preset = {flag: fv[flag].value for flag in values if fv[flag].present == 1}
+    if preset:
+        logging.info("Experiment %s for the flags left unset: %s", name, preset)
     table = (*ncf_flags.DATA_FLAGS, *ncf_flags.NCF_FLAGS)
     config = core.config_from_flags(table, NcfConfig(), fv)
-    config, preset = core.apply_preset(
-        table, config, DATASET_DEFAULTS.get(config.data.dataset, {}), fv
-    )
-    if preset:
-        logging.info("Preset of --dataset %s for the flags left unset: %s", fv.dataset, preset)
     return dataclasses.replace(
         config,
         data=_data_config(config, fv),
         mlperf=flags_core.mlperf_options_from_flags(
             fv, default_dir=config.model_dir, benchmark=constants.MLPERF_BENCHMARK
         ),
+        experiment=name,
         preset=preset,
-        flag_values=_flag_values_used(fv, preset),
+        flag_values=_flag_values_used(fv),
     )
 
 
-def _flag_values_used(flag_values: flags.FlagValues, preset: dict[str, object]) -> dict:
-    """Every set flag (short names and aliases too) with the value the run used: the
-    preset's where it applied."""
+def _flag_values_used(flag_values: flags.FlagValues) -> dict:
+    """Every set flag (short names and aliases too) with the value the run used."""
     used = {}
     for name in flag_values:
-        flag = _ALIASES.get(name, flag_values[name].name)
-        value = preset[flag] if flag in preset else flag_values[name].value
+        value = flag_values[name].value
         if value is not None and not name.startswith(("help", "?")):
             used[name] = value
     return used

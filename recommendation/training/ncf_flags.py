@@ -13,17 +13,24 @@ from official.utils import flags as flags_core
 from official.utils.flags import core
 from official.utils.flags.core import NON_NEGATIVE, POSITIVE, Check, FlagSpec, Rule
 from recommendation.data import constants, movielens
-from recommendation.model.hyperparams import EMBEDDING_INITS, MODEL_KINDS, OPTIMIZERS, ModelParams
+from recommendation.model.hyperparams import (
+    EMBEDDING_INITS,
+    MODEL_KINDS,
+    MODEL_RULES,
+    OPTIMIZERS,
+    ModelParams,
+    valid_layers,
+)
+from recommendation.training import experiments
 
 
 def _valid_layers(layers: list[str]) -> bool:
-    """Whether `layers` can describe the NeuMF MLP: positive integers, the first even
-    (it is split between the user and the item embedding)."""
+    """Whether `layers` are integers that can describe the NeuMF MLP
+    (`hyperparams.valid_layers`)."""
     try:
-        widths = [int(width) for width in layers]
+        return valid_layers(tuple(int(width) for width in layers))
     except ValueError:
         return False
-    return bool(widths) and min(widths) > 0 and widths[0] % 2 == 0
 
 
 def _is_non_negative_float(text: str) -> bool:
@@ -178,8 +185,9 @@ def _in_unit_interval(value: float) -> bool:
     return 0 < value <= 1
 
 
-# The model, optimiser and run flags of ncf-main, on `NcfConfig`.
-NCF_FLAGS = (
+# The model, optimiser and run flags of ncf-main, on `NcfConfig`; then the model's
+# rules (`hyperparams.MODEL_RULES`) on the flags that set its fields.
+_NCF_FLAG_ROWS = (
     *flags_core.BASE_FLAGS,
     *core.at(
         flags_core.PERFORMANCE_FLAGS,
@@ -190,6 +198,21 @@ NCF_FLAGS = (
     ),
     *core.at(flags_core.DISTRIBUTION_FLAGS, tpu_gcp_project="tpu_project"),
     *flags_core.BENCHMARK_FLAGS,
+    FlagSpec(
+        "config",
+        "A named experiment (recommendation/training/experiments.py) whose values the "
+        "flags left unset take; flags given, on the command line or in a --flagfile, "
+        "keep theirs. Without it, --dataset ml-1m and synthetic take ml1m_tuned. "
+        + "; ".join(
+            f"{experiment.name}: {experiment.description}"
+            for experiment in experiments.EXPERIMENTS.values()
+            if not experiment.name.startswith("ncf_paper_")
+        )
+        + "; ncf_paper_{neumf,gmf,mlp,mf}_{8,16,32,64}: the NCF paper's protocol on its "
+        "ML-1M split, one per model and factors.",
+        field="experiment",
+        choices=tuple(experiments.EXPERIMENTS),
+    ),
     FlagSpec(
         "model",
         "What to train: neumf (GMF and MLP parts, one table per side of width "
@@ -270,7 +293,6 @@ NCF_FLAGS = (
         "Standard deviation of --embedding_init normal: 0.01, the NCF paper's code's; "
         "Rendle et al.'s SGD matrix factorisation starts from 0.1.",
         field="model.embedding_stddev",
-        checks=(POSITIVE,),
     ),
     NUM_NEG,
     FlagSpec(
@@ -372,26 +394,6 @@ NCF_FLAGS = (
         "MLPerf reference's) on TPU",
     ),
     Rule(
-        ("weight_decay", "sparse_embedding_updates"),
-        lambda values: not (values["weight_decay"] and values["sparse_embedding_updates"]),
-        "--weight_decay shrinks every embedding row each step: it needs dense "
-        "updates (drop --sparse_embedding_updates)",
-    ),
-    Rule(
-        ("embedding_init", "embedding_stddev"),
-        lambda values: (
-            values["embedding_init"] == "normal"
-            or values["embedding_stddev"] == ModelParams.embedding_stddev
-        ),
-        "--embedding_stddev is the spread of --embedding_init normal: add --embedding_init "
-        "normal, or drop --embedding_stddev",
-    ),
-    Rule(
-        ("layers", "mlp_regularization"),
-        lambda values: len(values["layers"]) == len(values["mlp_regularization"]),
-        "--mlp_regularization needs one value per --layers entry",
-    ),
-    Rule(
         ("output_ml_perf_compliance_logging", "use_synthetic_data"),
         lambda values: (
             not (values["output_ml_perf_compliance_logging"] and values["use_synthetic_data"])
@@ -399,4 +401,8 @@ NCF_FLAGS = (
         "--output_ml_perf_compliance_logging needs real training "
         "(--use_synthetic_data has no evaluation to log)",
     ),
+)
+NCF_FLAGS = (
+    *_NCF_FLAG_ROWS,
+    *core.flag_rules(MODEL_RULES, _NCF_FLAG_ROWS, "model", ModelParams(num_users=0, num_items=0)),
 )

@@ -13,9 +13,11 @@ import tempfile
 import time
 
 from official.utils.misc import machine  # no TensorFlow import
+from recommendation.training import experiments  # nor here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MLPERF_MODEL = ["--num_factors=64", "--layers=256,256,128,64", "--mlp_regularization=0,0,0,0"]
+# The MLPerf model's flags, which the Model Garden NCF takes too.
+MLPERF_MODEL = experiments.as_arguments(experiments.MLPERF_MODEL)
 
 
 def machine_line(peer: str | None) -> str:

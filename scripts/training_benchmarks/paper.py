@@ -8,6 +8,7 @@ import os
 import sys
 
 from recommendation.data.constants import TEST_SPLIT
+from recommendation.training import experiments
 from training_benchmarks.harness import last_summary, mean_and_sd
 from training_benchmarks.resume import run_or_resume
 
@@ -30,40 +31,65 @@ def paper_layers(factors: int, tower: str) -> str:
     tower with one more halving layer in front (the paper's Table 3 goes to four hidden
     layers): five layers, the first 16x factors wide.
     """
-    depth = PAPER_TOWER_DEPTHS[tower]
-    return ",".join(str(factors * 2 ** (depth - 1 - i)) for i in range(depth))
+    return ",".join(map(str, experiments.paper_layers(factors, PAPER_TOWER_DEPTHS[tower])))
 
 
-def paper_run(args, work: str, name: str, factors: int, seed: int, *flags: str) -> tuple:
-    """One validation-selected run of the paper protocol, the configuration from the
-    --paper_* options and `flags` after them (a later flag wins); returns (its summary,
-    wall seconds)."""
-    layers = paper_layers(factors, args.paper_tower)
+# The --paper_* options and the ncf-main flags they set. An option left unset (None)
+# keeps the experiment's value (`experiments.PAPER_PROTOCOL`).
+PAPER_OPTIONS = {
+    "paper_epochs": "train_epochs",
+    "paper_learning_rate": "learning_rate",
+    "paper_learning_rate_decay": "learning_rate_decay",
+    "paper_decay_start_epoch": "decay_start_epoch",
+    "paper_weight_decay": "weight_decay",
+    "paper_sparse_updates": "sparse_embedding_updates",
+    "paper_num_neg": "num_neg",
+    "paper_embedding_init": "embedding_init",
+    "paper_batch_size": "batch_size",
+}
+
+
+def paper_setting(args, option: str) -> object:
+    """The value the runs use for the --paper_* `option`: the one given, or the
+    experiment's."""
+    value = getattr(args, option)
+    return experiments.PAPER_PROTOCOL[PAPER_OPTIONS[option]] if value is None else value
+
+
+def paper_arguments(args, factors: int, part: str) -> list[str]:
+    """The ncf-main arguments of the paper protocol's `part` at `factors`: its
+    experiment, then the --paper_* options given, but where the part has a value of its
+    own (the MF recipe's batch, rate, negatives and epochs)."""
+    overrides = {
+        flag: getattr(args, option)
+        for option, flag in PAPER_OPTIONS.items()
+        if getattr(args, option) is not None
+    }
+    if args.paper_tower != "code":
+        depth = PAPER_TOWER_DEPTHS[args.paper_tower]
+        overrides.update(experiments.paper_model_values(factors, depth))
+    own = experiments.PAPER_PART_VALUES[part]
+    return [
+        f"--config={experiments.paper_experiment_name(part, factors)}",
+        *experiments.as_arguments({k: v for k, v in overrides.items() if k not in own}),
+    ]
+
+
+def paper_run(
+    args, work: str, name: str, factors: int, seed: int, *flags: str, part: str = "neumf"
+) -> tuple:
+    """One validation-selected run of the paper protocol's `part` (`paper_arguments`),
+    `flags` after them (a later flag wins); returns (its summary, wall seconds)."""
     seconds = run_or_resume(
         args,
         work,
         name,
         [
-            "--dataset=ncf-ml-1m",
+            *paper_arguments(args, factors, part),
             f"--data_dir={os.path.dirname(args.ncf_dir)}",
             f"--cache_dir={work}/ncf_cache",
             f"--model_dir={work}/{name}",
             "--clean",
-            "--eval_split=validation",
-            f"--num_factors={factors}",
-            f"--layers={layers}",
-            "--mlp_regularization=" + ",".join("0" * len(layers.split(","))),
-            f"--train_epochs={args.paper_epochs}",
-            f"--batch_size={args.paper_batch_size}",
-            f"--learning_rate={args.paper_learning_rate}",
-            f"--learning_rate_decay={args.paper_learning_rate_decay}",
-            f"--decay_start_epoch={args.paper_decay_start_epoch}",
-            f"--embedding_init={args.paper_embedding_init}",
-            f"--num_neg={args.paper_num_neg}",
-            f"--weight_decay={args.paper_weight_decay}",
-            f"--sparse_embedding_updates={args.paper_sparse_updates}",
-            "--batches_per_step=32",
-            "--enable_xla",
             f"--seed={seed}",
             *flags,
         ],
@@ -104,13 +130,19 @@ def paper_mean_row(factors, model: str, summaries: list[dict], paper_row: tuple)
 
 def paper_configuration(args) -> str:
     """The --paper_* configuration the runs share: the line under each table."""
+
+    def setting(option: str) -> object:
+        return paper_setting(args, option)
+
     return (
-        f"tower {args.paper_tower}, {args.paper_embedding_init} embeddings, "
-        f"{args.paper_num_neg} negatives, batch {args.paper_batch_size}, "
-        f"weight decay {args.paper_weight_decay}, "
+        f"experiments ncf_paper_<model>_<factors>; tower {args.paper_tower}, "
+        f"{setting('paper_embedding_init')} embeddings, {setting('paper_num_neg')} "
+        f"negatives, batch {setting('paper_batch_size')}, weight decay "
+        f"{setting('paper_weight_decay')}, "
         f"{'sparse (lazy Adam)' if args.paper_sparse_updates else 'dense'} embedding updates, "
-        f"Adam lr {args.paper_learning_rate} x {args.paper_learning_rate_decay} per epoch from "
-        f"epoch {args.paper_decay_start_epoch}, {args.paper_epochs} epochs; sd over seeds (n - 1)"
+        f"Adam lr {setting('paper_learning_rate')} x {setting('paper_learning_rate_decay')} "
+        f"per epoch from epoch {setting('paper_decay_start_epoch')}, "
+        f"{setting('paper_epochs')} epochs; sd over seeds (n - 1)"
     )
 
 
@@ -144,9 +176,16 @@ def paper(args, work: str) -> None:
 
 
 def refit_run(
-    args, work: str, name: str, factors: int, seed: int, selected: dict, *flags: str
+    args,
+    work: str,
+    name: str,
+    factors: int,
+    seed: int,
+    selected: dict,
+    *flags: str,
+    part: str = "neumf",
 ) -> tuple:
-    """The run `name` (`flags` after the paper protocol's) trained again as the paper
+    """The run `name` (`paper_run` of `part`, `flags` after) trained again as the paper
     trained: on every training interaction, the validation items included, for the
     epochs that validation selected (`selected`, that run's summary), in one cycle so
     that the test holdout is evaluated once, at the end. Returns (a summary: the
@@ -162,6 +201,7 @@ def refit_run(
         f"--eval_split={TEST_SPLIT}",
         f"--train_epochs={epochs}",
         f"--epochs_between_evals={epochs}",
+        part=part,
     )
     if refit["epochs"] != epochs or refit["eval_split"] != TEST_SPLIT:
         sys.exit(f"{work}/{name}{REFIT_SUFFIX} did not train {epochs} epochs on the test split")

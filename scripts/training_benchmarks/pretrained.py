@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from recommendation.training import experiments
 from training_benchmarks.paper import (
     PAPER_HEADER,
     REFIT_HEADING,
@@ -13,6 +14,7 @@ from training_benchmarks.paper import (
     paper_mean_row,
     paper_run,
     paper_run_row,
+    paper_setting,
     refit_run,
 )
 
@@ -24,35 +26,15 @@ PAPER_TABLE2_PRETRAINED = {
     32: (0.726, 0.445),
     64: (0.730, 0.447),
 }
-# How the pretrained suite trains each part alone (after the paper protocol's flags).
-# ``gmf``: the paper's GMF, as the paper protocol trains NeuMF. ``mf``: GMF's part
-# trained as Rendle et al. (2020) train matrix factorisation: a dot product (--model mf),
-# plain SGD at 0.008 per example (x the batch: ncf-main's loss is a batch mean), their
-# per-example L2 of 0.005 (--row_regularization is half of it: Keras' L2 convention),
-# 8 negatives, 64 epochs; the rate, L2 and epochs chosen on validation (docs/benchmarks.md).
-MF_BATCH, MF_RATE_PER_EXAMPLE = 8192, 0.008
-PART_FLAGS = {
-    "gmf": ("--model=gmf",),
-    "mlp": ("--model=mlp",),
-    "mf": (
-        "--model=mf",
-        "--optimizer=sgd",
-        f"--batch_size={MF_BATCH}",
-        f"--learning_rate={MF_RATE_PER_EXAMPLE * MF_BATCH:g}",
-        "--row_regularization=0.0025",
-        "--num_neg=8",
-        "--train_epochs=64",
-    ),
-}
 
 
 def pretrained(args, work: str) -> None:
     """The paper's pre-trained NeuMF (its section 3.4.1), each stage selected on
-    validation: an MLP model and each --pretrain_gmf_part (`PART_FLAGS`) trained alone,
-    then NeuMF started from the MLP and each GMF part (alpha 0.5) and fine-tuned with
-    plain SGD, the paper's switch, at each --pretrain_learning_rate; the test holdout
-    reported once per run, at its selected epoch, and the GMF part and rate chosen on
-    mean validation HR@10 over the seeds."""
+    validation: an MLP model and each --pretrain_gmf_part (its experiment,
+    `experiments.PAPER_PART_VALUES`) trained alone, then NeuMF started from the MLP and
+    each GMF part (alpha 0.5) and fine-tuned with plain SGD, the paper's switch, at each
+    --pretrain_learning_rate; the test holdout reported once per run, at its selected
+    epoch, and the GMF part and rate chosen on mean validation HR@10 over the seeds."""
     print(
         "\nNCF paper protocol, pre-trained NeuMF (GMF or MF and MLP alone, then NeuMF from "
         "both, SGD); each run's epoch selected on validation, test reported once"
@@ -68,7 +50,7 @@ def pretrained(args, work: str) -> None:
         for seed in args.paper_seed:
             for part in ("mlp", *args.pretrain_gmf_part):
                 name = _part_name(factors, seed, part)
-                summary, seconds = paper_run(args, work, name, factors, seed, *PART_FLAGS[part])
+                summary, seconds = paper_run(args, work, name, factors, seed, part=part)
                 parts[seed, part] = summary
                 print(paper_run_row(factors, seed, part, summary, None, seconds))
             for (part, rate), runs in summaries.items():
@@ -90,9 +72,11 @@ def pretrained(args, work: str) -> None:
             _pretrained_refits(args, work, factors, chosen, parts, summaries[chosen])
     print(
         paper_configuration(args) + f"; NeuMF fine-tuned with SGD (constant rate) for "
-        f"{args.pretrain_epochs or args.paper_epochs} epochs, alpha 0.5; the parts: "
+        f"{args.pretrain_epochs or paper_setting(args, 'paper_epochs')} epochs, alpha 0.5; "
+        "the parts: "
         + "; ".join(
-            f"{part} {' '.join(PART_FLAGS[part])}" for part in ("mlp", *args.pretrain_gmf_part)
+            f"{part} {' '.join(experiments.as_arguments(experiments.PAPER_PART_VALUES[part]))}"
+            for part in ("mlp", *args.pretrain_gmf_part)
         )
     )
 
@@ -112,7 +96,7 @@ def _pretrained_refits(
         for each in ("mlp", part):
             name = _part_name(factors, seed, each)
             refit, seconds = refit_run(
-                args, work, name, factors, seed, parts[seed, each], *PART_FLAGS[each]
+                args, work, name, factors, seed, parts[seed, each], part=each
             )
             print(paper_run_row(factors, seed, each, refit, None, seconds))
         name = _pretrained_name(factors, seed, part, rate)
@@ -141,7 +125,7 @@ def _fine_tuning_flags(
         f"--pretrain_mlp_dir={work}/{_part_name(factors, seed, 'mlp')}{suffix}",
         "--optimizer=sgd",
         f"--learning_rate={rate}",
-        f"--train_epochs={args.pretrain_epochs or args.paper_epochs}",
+        f"--train_epochs={args.pretrain_epochs or paper_setting(args, 'paper_epochs')}",
     )
 
 

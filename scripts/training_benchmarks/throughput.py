@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from official.utils.misc import machine  # no TensorFlow import
+from recommendation.training import experiments
 from training_benchmarks.harness import (
     MLPERF_MODEL,
     ROOT,
@@ -49,9 +50,9 @@ def _repeated_rate(flags: list[str], log_stem: str, tree: str, repeat: int) -> t
     return _ours_rate(flags, f"{log_stem}_{repeat}.log", tree)
 
 
-# Our throughput rows: (name, flags after the MLPerf model's). Each sets XLA and the
-# steps per call both ways: the ml-1m preset would otherwise turn XLA on for the rows
-# meant to run without it.
+# Our throughput rows: (name, flags after the throughput experiment's). Each sets XLA
+# and the steps per call both ways: a --baseline_tree without experiments applies the
+# ml-1m preset, which would turn XLA on for the rows meant to run without it.
 THROUGHPUT_ROWS = (
     ("ours (fp32)", ["--noenable_xla", "--batches_per_step=1"]),
     ("ours (fp32, XLA, 8 steps/call)", ["--enable_xla", "--batches_per_step=8"]),
@@ -64,11 +65,9 @@ def throughput(args, work: str) -> None:
     """Each of `THROUGHPUT_ROWS` (and the baseline tree's, and the peer) on synthetic
     batches, then the table against the step's products timed in this run."""
     data_dir = ml1m_data_dir(args.ratings, work, "throughput_data")
-    flags = MLPERF_MODEL + [
-        "--batch_size=65536",
-        "--use_synthetic_data",
+    # The experiment's values spelled out, which a --baseline_tree of any age takes.
+    flags = experiments.as_arguments(experiments.EXPERIMENTS["throughput"].values) + [
         f"--train_epochs={args.throughput_epochs}",
-        "--dataset=ml-1m",
         f"--data_dir={data_dir}",
         f"--model_dir={work}/ours",
         "--clean",

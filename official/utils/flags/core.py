@@ -54,6 +54,63 @@ class Rule:
 
 
 @dataclasses.dataclass(frozen=True)
+class FieldRule:
+    """A rule on fields of a config dataclass, written once: its ``__post_init__``
+    checks it (`check_fields`), and a table whose flags set those fields checks it as a
+    `Rule` (`flag_rules`), so a command line that breaks it gets a flag error.
+
+    Attributes:
+        fields: The fields, by name.
+        test: Whether their values (keyword arguments by field name) are fine.
+        message: What is wrong; ``{field}`` becomes the field's name in a config's
+            error and ``--flag`` in a flag error.
+    """
+
+    fields: tuple[str, ...]
+    test: Callable[..., bool]
+    message: str
+
+
+def check_fields(config: Any, rules: Sequence[FieldRule]) -> None:
+    """Raises ValueError for the first of `rules` that `config`'s fields break."""
+    for rule in rules:
+        values = {name: getattr(config, name) for name in rule.fields}
+        if not rule.test(**values):
+            message = rule.message.format(**{name: name for name in rule.fields})
+            got = ", ".join(f"{name}={value!r}" for name, value in values.items())
+            raise ValueError(f"{message} (got {got})")
+
+
+def flag_rules(rules: Sequence[FieldRule], table: Table, owner: str, config: Any) -> tuple:
+    """`rules` on the fields of the config at `owner` (``model``; `config` is one) as
+    `Rule`s of the flags of `table` that set them; a rule on a field no flag sets is
+    left to the config. A value that does not parse passes: its flag's check says so."""
+    by_path = {spec.path: spec for spec in specs(table)}
+    converted = []
+    for rule in rules:
+        paths = [f"{owner}.{name}" for name in rule.fields]
+        if not all(path in by_path for path in paths):
+            continue
+        row = {name: by_path[path] for name, path in zip(rule.fields, paths, strict=True)}
+
+        def test(values: dict, rule: FieldRule = rule, row: dict = row) -> bool:
+            try:
+                fields = {
+                    name: _field_value(
+                        dataclasses.replace(spec, field=name), config, values[spec.name]
+                    )
+                    for name, spec in row.items()
+                }
+            except (TypeError, ValueError):
+                return True
+            return rule.test(**fields)
+
+        message = rule.message.format(**{name: f"--{spec.name}" for name, spec in row.items()})
+        converted.append(Rule(tuple(spec.name for spec in row.values()), test, message))
+    return tuple(converted)
+
+
+@dataclasses.dataclass(frozen=True)
 class FlagSpec:
     """One flag and the config field it sets; its default is that field's default.
 
@@ -179,17 +236,6 @@ def config_from_flags(table: Table, config: Any, flag_values: flags.FlagValues) 
     )
 
 
-def apply_preset(
-    table: Table, config: Any, preset: Mapping[str, Any], flag_values: flags.FlagValues
-) -> tuple[Any, dict[str, Any]]:
-    """`config` with the `preset` values (field values by flag name) of the flags the
-    user did not set; and what was applied, as flag values (for the logs)."""
-    by_name = {spec.name: spec for spec in specs(table)}
-    applied = {name: value for name, value in preset.items() if not flag_values[name].present}
-    config = replace_fields(config, {by_name[name].path: value for name, value in applied.items()})
-    return config, {name: as_flag_value(by_name[name], value) for name, value in applied.items()}
-
-
 def _define(spec: FlagSpec, defaults: Any, flag_values: flags.FlagValues, module: str) -> None:
     kind = spec.kind or _field_type(defaults, spec.path)
     options = dict(flag_values=flag_values, short_name=spec.short_name, module_name=module)
@@ -209,6 +255,7 @@ def _define(spec: FlagSpec, defaults: Any, flag_values: flags.FlagValues, module
 
 
 def _field_value(spec: FlagSpec, config: Any, value: Any) -> Any:
+    """A flag value as its field holds it (`config` gives the field's type)."""
     if spec.parse is not None:
         return spec.parse(value)
     kind = _field_type(config, spec.path)

@@ -5,7 +5,7 @@ Rows set the config fields of the same names; each program's config holds the de
 
 from __future__ import annotations
 
-from official.utils.flags.core import NON_NEGATIVE, Check, FlagSpec, Rule
+from official.utils.flags.core import NON_NEGATIVE, Check, FlagSpec
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -63,9 +63,6 @@ PERFORMANCE_FLAGS = (
         short_name="intra",
         checks=(NON_NEGATIVE,),
     ),
-    Rule(
-        ("loss_scale", "dtype"),
-        lambda values: values["loss_scale"] == "dynamic" or values["dtype"] == "fp16",
-        "--loss_scale scales float16 gradients: it needs --dtype fp16",
-    ),
 )
+# --loss_scale needs --dtype fp16: the rule is the model's (a config the flags set checks
+# it, and its table turns it into a flag rule: `core.flag_rules`).
