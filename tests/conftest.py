@@ -107,9 +107,13 @@ def write_movies(path: str, titles: dict[int, str], kind: str) -> str:
     return path
 
 
-# A NeuMF small enough to train a few steps of in a test.
+# The tiny experiment's NeuMF over 50 users and 40 items: a runner that needs no data.
 TINY_PARAMS = ModelParams(
-    num_users=50, num_items=40, mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0)
+    num_users=50,
+    num_items=40,
+    mf_dim=experiments.EXPERIMENTS["tiny"].values["num_factors"],
+    layers=experiments.EXPERIMENTS["tiny"].values["layers"],
+    mlp_regularization=experiments.EXPERIMENTS["tiny"].values["mlp_regularization"],
 )
 
 

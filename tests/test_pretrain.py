@@ -88,7 +88,7 @@ def _assert_every_path_gives(model, expected: np.ndarray) -> None:
 
 def test_a_gmf_model_scores_w_dot_the_product_of_its_embeddings_plus_b():
     model = _model(GMF)
-    assert [tuple(w.shape) for w in model.weights] == [(USERS, 4), (ITEMS, 4), (4, 1), (1,)]
+    assert [tuple(w.shape) for w in model.weights] == [(USERS, 8), (ITEMS, 8), (8, 1), (1,)]
     _assert_every_path_gives(model, _gmf_logits(_weights(model), PAIR_USERS, PAIR_ITEMS))
 
 
@@ -97,12 +97,12 @@ def test_an_mf_model_is_a_dot_product_plus_b_whose_weights_stay_at_one(tmp_path)
     the same places (so its checkpoint pretrains NeuMF's GMF part), training moves the
     tables and the bias and never the weights."""
     model = _source_run(tmp_path, MF).state.model  # trained 3 Adam steps
-    assert [tuple(w.shape) for w in model.weights] == [(USERS, 4), (ITEMS, 4), (4, 1), (1,)]
+    assert [tuple(w.shape) for w in model.weights] == [(USERS, 8), (ITEMS, 8), (8, 1), (1,)]
     assert [v.path for v in model.trainable_variables] == [
         v.path for i, v in enumerate(model.weights) if i != 2
     ]
     p, q, w, b = _weights(model)
-    np.testing.assert_array_equal(w, np.ones((4, 1)))
+    np.testing.assert_array_equal(w, np.ones((8, 1)))
     assert b[0] != 0.0  # trained from zero
     _assert_every_path_gives(model, (p[PAIR_USERS] * q[PAIR_ITEMS]).sum(axis=1) + b[0])
 
@@ -224,14 +224,14 @@ def test_pretrained_neumf_starts_as_alpha_gmf_plus_one_minus_alpha_mlp(tmp_path,
             {},
             False,
             "--pretrain_gmf_dir {root}/gmf holds a GMF model of --num_factors 6, this run "
-            "has --num_factors 4: pretrain with the same --num_factors",
+            "has --num_factors 8: pretrain with the same --num_factors",
         ),
         (
             {},
             dict(layers=(8, 2), mlp_regularization=(0.0, 0.0)),
             False,
             "--pretrain_mlp_dir {root}/mlp holds an MLP model of --layers 8,2, this run has "
-            "--layers 8,4: pretrain with the same --layers",
+            "--layers 16,8: pretrain with the same --layers",
         ),
         (
             dict(num_users=USERS + 1),
