@@ -34,8 +34,8 @@ if os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1") != "0":
 # TensorFlow runs its oneDNN kernels by default only on x86 CPUs with AVX512-VNNI,
 # AVX512-BF16, AVX-VNNI or AMX (DefaultOneDnnPolicy, tensorflow/core/util/util.cc).
 # Elsewhere, on AVX2 CPUs such as AMD's Zen 3, its matmuls run on Eigen kernels built
-# without FMA, at under half oneDNN's rate, and the MLPerf-size training step 1.4-1.6x
-# slower (docs/benchmarks.md). TensorFlow reads this once, when it loads (set later, it
+# without FMA, and the MLPerf-size training step is markedly slower (docs/benchmarks.md,
+# "oneDNN and bf16 on an AVX2 CPU"). TensorFlow reads this once, when it loads (set later, it
 # does nothing); a value the user set wins (0 turns oneDNN off).
 if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

@@ -22,8 +22,8 @@ POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"
 def warn_if_bf16_is_slow_here(policy: str | None, asked: str) -> str | None:
     """Logs (and returns) one warning when the setting `asked` (``--dtype bf16``,
     ``amp_level O2``) computes in bfloat16 (Keras `policy`) on this CPU without bf16
-    matrix instructions: there every product converts to fp32, and bf16 trained at
-    0.73-0.96x fp32's rate on an AVX2 AMD EPYC (docs/benchmarks.md). None where there
+    matrix instructions: there every product converts to fp32, and bf16 trains slower
+    than fp32 (docs/benchmarks.md, "oneDNN and bf16 on an AVX2 CPU"). None where there
     is nothing to say (fp32, bf16 instructions present, or no x86 flags to read)."""
     if "bfloat16" not in (policy or ""):
         return None
@@ -33,7 +33,7 @@ def warn_if_bf16_is_slow_here(policy: str | None, asked: str) -> str | None:
     warning = (
         f"{asked} computes in bf16 on a CPU without bf16 matrix instructions (none of "
         f"{', '.join(machine.BF16_CPU_FLAGS)} in its flags): expect it slower than fp32 "
-        "(0.73-0.96x measured on an AVX2 CPU); use fp32 here"
+        "(docs/benchmarks.md, 'oneDNN and bf16 on an AVX2 CPU'); use fp32 here"
     )
     logging.warning(warning)
     return warning

@@ -80,9 +80,9 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` without tf.data's autotuning, for every pipeline a trainer iterates.
 
     The autotuning model thread is not woken when an iterator is deleted: the deletion
-    waits for its next optimisation, whose period doubles from 10 ms, so an iterator
-    deleted 25 s in went away at 41 s (a synthetic throughput run: 474k examples/s
-    reported for 780k; file pipelines' cycles waited 7 to 98 s). Pipelines that want
+    waits for its next optimisation, whose period doubles, so a long run's iterators
+    went away seconds after they were deleted, and a throughput run reported a fraction
+    of its rate (docs/benchmarks.md, "The step's kernels"). Pipelines that want
     parallelism set it (`data_pipeline`'s are fixed).
     """
     options = tf.data.Options()
@@ -297,8 +297,8 @@ class Runner:
         if replicas == 1 and not to_device:
             # One CPU replica needs no distribution. tf.distribute would read through a
             # multi-device iterator whose per-device tf.data autotuning thread is not
-            # woken when the iterator is deleted: each cycle's iterator then took 7 to
-            # 40 s to go away in most cold runs here.
+            # woken when the iterator is deleted: each cycle's iterator then took seconds
+            # to go away in most cold runs (docs/benchmarks.md, "The step's kernels").
             return without_autotuning(input_fn())
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:

@@ -13,10 +13,10 @@ import tensorflow as tf
 
 def dense_gradient(gradient: tf.IndexedSlices) -> tf.Tensor:
     """The dense tensor of a row gather's gradient, bit for bit TensorFlow's own
-    conversion (UnsortedSegmentSum, 3.5x slower than a scatter here). The scatter is
-    compiled by XLA where the table's row count is known when the step is traced and
-    the step is large (`compiled_for_large_steps`): TensorFlow's kernel pays about 0.2 us
-    a row, XLA's loop put 65,536 rows of 256 into 6,040 in 3 ms against 13. Not for
+    conversion (UnsortedSegmentSum, several times slower than a scatter on CPU). The
+    scatter is compiled by XLA where the table's row count is known when the step is
+    traced and the step is large (`compiled_for_large_steps`), where XLA's loop beats
+    TensorFlow's per-row kernel (docs/benchmarks.md, "The step's kernels"). Not for
     LazyAdam's unique rows, whose count changes each step (a compilation each)."""
     rows = tf.get_static_value(gradient.dense_shape)
     if rows is None:
@@ -32,7 +32,8 @@ def _scatter_rows(ids: tf.Tensor, values: tf.Tensor, rows: int | tf.Tensor) -> t
 
 
 # Below this many elements in its largest input a loop runs as TensorFlow ops: XLA's
-# compilation (40-80 ms per shape here) costs more than a small step saves.
+# compilation, one per shape, costs more than a small step saves (docs/benchmarks.md,
+# "The step's kernels").
 COMPILE_MIN_ELEMENTS = 2**18
 
 

@@ -311,8 +311,8 @@ class NeuMF(keras.Model):
 
         The same function of the weights as `call` on every (user, item) pair, but each
         user's row goes through the first MLP layer once per block, and the item table
-        (when made here and smaller than the batch) once per call: at the MLPerf ml-20m
-        size that is 1.6x fewer FLOPs than `call` on the flattened pairs.
+        (when made here and smaller than the batch) once per call: fewer FLOPs than
+        `call` on the flattened pairs (docs/benchmarks.md, "The step's kernels").
 
         Args:
             users: `(users,)` int32 user indexes.
