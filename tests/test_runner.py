@@ -13,7 +13,7 @@ from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_inp
 
 from official.core import signals
 from official.core.model_dir import ModelDirError
-from official.core.runner import Mode, Runner
+from official.core.runner import Mode, Runner, sum_over_steps
 from recommendation.data import constants
 from recommendation.model import neumf_model
 from recommendation.producer import data_pipeline
@@ -240,3 +240,18 @@ def test_after_a_damaged_checkpoint_the_next_saves_are_the_latest_and_the_fallba
     assert last.restore() and last.restored_from == replaced and last.global_step == 6
     for left, right in zip(_weights(again), _weights(last), strict=True):
         np.testing.assert_array_equal(left, right)
+
+
+def test_several_steps_per_call_trace_the_step_once():
+    # The graph holds one step, called num_steps times, not a first step and a loop's.
+    traces = []
+
+    def step(index: tf.Tensor) -> dict[str, tf.Tensor]:
+        traces.append(index)
+        return {"sum": tf.cast(index, tf.float32), "count": tf.constant(1.0)}
+
+    total = tf.function(lambda steps: sum_over_steps(step, steps))(tf.constant(4))
+    assert len(traces) == 1
+    assert (float(total["sum"]), float(total["count"])) == (0.0 + 1 + 2 + 3, 4.0)
+    # Eagerly the step stays Python: a call per step.
+    assert float(sum_over_steps(step, tf.constant(3))["sum"]) == 3.0 and len(traces) == 4

@@ -97,6 +97,11 @@ def sum_over_steps(
     one step): several steps per call cut Python's share of each step. Both trainers
     run their steps this way; what a step reads stays theirs (the Runner an iterator of
     a distributed tf.data pipeline, RecModel host batches stacked from its sources)."""
+    if tf.inside_function():
+        # One trace of the step, called twice (its first call gives the totals their
+        # structure): the graph holds the step once, not twice, which halves tracing
+        # and graph optimisation at start-up. (Run eagerly, a step stays Python.)
+        step = tf.function(step)
     totals = step(tf.constant(0))
     for index in tf.range(1, num_steps):
         logs = step(index)
