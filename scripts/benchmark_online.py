@@ -57,7 +57,8 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import replay_events  # noqa: E402  (a sibling script)
+import plots  # noqa: E402  (sibling scripts)
+import replay_events  # noqa: E402
 
 from recommendation.data import movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
@@ -75,6 +76,12 @@ flags.DEFINE_string("work_dir", None, "Scratch folder (default: a new temporary 
 flags.DEFINE_list("boost_levels", ["O0", "O1", "O2"], "Boost levels to time.")
 flags.DEFINE_integer("throughput_events", 300_000, "Events per throughput run.")
 flags.DEFINE_integer("repeats", 2, "Throughput runs per boost level (interleaved).")
+flags.DEFINE_string(
+    "plot_dir",
+    None,
+    "Also draw the freshness run there (matplotlib, the benchmark extra): freshness.png "
+    "(default: no figures).",
+)
 flags.DEFINE_float("live_rate", 10_000, "Replay rate of the freshness run, events/s.")
 flags.DEFINE_float("live_seconds", 30, "Length of the freshness run's replay.")
 flags.DEFINE_integer(
@@ -220,7 +227,9 @@ def _sustained(summary: dict) -> float:
     """Events/s from the first metric report (start-up and the first sink's tracing
     before it) to the last one before the stop: the final interval holds what a run
     does when it stops, which a checkout before the metric logger's move (a294324 among
-    them) reports after its durable final checkpoint (0 to 0.85 s of a 2 s window)."""
+    them) reports after its durable final checkpoint, a save long enough to decide a
+    short window's rate (docs/benchmarks.md, "Online training: events/s and
+    freshness", measures it)."""
     history = [h for h in summary["history"] if h["events"] > 0]
     if len(history) > 2:
         history = history[:-1]
@@ -451,7 +460,7 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
         process.wait()
         watcher.stop.set()
         watcher.join()
-    delays = []
+    delays, seen = [], []
     for (_, previous), (seen_at, position) in zip(watcher.seen, watcher.seen[1:], strict=False):
         if not previous or position == previous:
             continue
@@ -459,9 +468,11 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
         published_ms = int(first_new[0][0].split(b"-")[0])
         if published_ms >= live_start_ms:
             delays.append(seen_at - published_ms / 1000)
+            seen.append(seen_at - live_start_ms / 1000)
     summary = _summary(work_dir, "live")
     return {
         "delays": np.array(delays),
+        "seen": np.array(seen),  # each delay's export, seconds after the replay began
         "rate": count / seconds,
         "load": load,
         "stopped_by": summary["stopped_by"],
@@ -566,6 +577,22 @@ def _print_freshness(fresh: dict) -> None:
         )
 
 
+def _plot_freshness(fresh: dict, plot_dir: str, cpu: str) -> str:
+    """``freshness.png``: each export's publication-to-export delay at the time it
+    appeared, the export period dashed; `cpu`, the machine line, under it."""
+    live = f", {fresh['warm_up'][0]:,} new users trained first" if fresh["warm_up"][0] else ""
+    return plots.line_chart(
+        os.path.join(plot_dir, "freshness.png"),
+        f"Freshness: replay at {fresh['rate']:,.0f} events/s{live}",
+        "export seen, s after the replay began",
+        "publication to export, s",
+        {"each export": (fresh["seen"], fresh["delays"])},
+        f"{cpu}; load average {fresh['load']}",
+        threshold=("export period (2 s)", 2.0),
+        y_from_zero=True,
+    )
+
+
 def _print_accuracy(full, full_hr: float, offline) -> None:
     print("prequential HR@10 (first 64 events of each batch, 99 sampled negatives), full pass:")
     print("   events | HR@10")
@@ -592,10 +619,13 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: unknown --parts {sorted(unknown)}")
     _trees()  # checks --trees before anything runs
     _check_capacity()
+    if FLAGS.plot_dir:
+        plots.require(FLAGS.plot_dir)
     work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="ncf-online-bench-")
     os.makedirs(work_dir, exist_ok=True)
     print(f"start: load average {_load()}")
-    print(machine.cpu_line())
+    cpu = machine.cpu_line()
+    print(cpu)
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
     server, redis_url = _start_redis(work_dir)
     throughput, full, full_hr, fresh = {}, None, None, None
@@ -630,6 +660,8 @@ def main(argv: list[str]) -> None:
         _print_throughput(throughput, full)
     if fresh is not None:
         _print_freshness(fresh)
+        if FLAGS.plot_dir:
+            _plot_freshness(fresh, FLAGS.plot_dir, cpu)
     if full is not None:
         _print_accuracy(full, full_hr, offline)
     print(f"end: load average {_load()}")

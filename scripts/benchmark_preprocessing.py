@@ -505,7 +505,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="run ours and the reference this many times, alternating, and report each "
-        "one's fastest run (this VM's timings vary by up to 2x from run to run)",
+        "one's fastest run (single runs on a shared VM vary widely: docs/benchmarks.md, "
+        "'Preprocessing')",
     )
     # Internal: set by the parent when it runs one method in a child process.
     parser.add_argument("--method", default="", help=argparse.SUPPRESS)

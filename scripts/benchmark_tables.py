@@ -21,12 +21,14 @@ machine is shared):
   every 2 s): events/s, peak RSS, the model_dir bytes and an export version's at the
   end, and the mean seconds of a checkpoint and of an export, of the run of median
   events/s among --rounds runs taken in turns (every other round in reverse order). The
-  events/s include each process's graph tracing (about 10 s of a 100,000-event run);
-  "after tracing" counts from the first metric report (one a second) on.
+  events/s include each process's graph tracing (a large share of a 100,000-event
+  run: docs/benchmarks.md, "Hash tables at any capacity", measures it); "after
+  tracing" counts from the first metric report (one a second) on.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -41,6 +43,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import online_runs  # noqa: E402  (sibling scripts)
+import plots  # noqa: E402
 import replay_events  # noqa: E402
 
 from recommendation.model import (
@@ -64,11 +67,32 @@ flags.DEFINE_integer(
     "rounds", 3, "Stream runs per capacity, in turns; the run of median events/s is shown."
 )
 flags.DEFINE_string(
+    "plot_dir",
+    None,
+    "Also draw each part's curve there (matplotlib, the benchmark extra): tables_lookup.png, "
+    "tables_eviction.png, tables_stream.png (default: no figures).",
+)
+flags.DEFINE_string(
     "baseline_tree",
     None,
     "Another checkout (git worktree) whose ncf-online also runs, at "
     "the first capacity, as the first row of the stream table.",
 )
+
+
+# The machine line above the tables and under the figures (it asks a TensorFlow process).
+_cpu_line = functools.cache(machine.cpu_line)
+
+
+def _plot(part: str, title: str, y_label: str, curves: dict[str, tuple[list, list]]) -> None:
+    """``tables_<part>.png`` in --plot_dir (nothing without it): `curves` (label:
+    (capacities, values)) on a log-2 capacity axis."""
+    if FLAGS.plot_dir:
+        path = os.path.join(FLAGS.plot_dir, f"tables_{part}.png")
+        x_label = "table capacity (rows)"
+        plots.line_chart(
+            path, title, x_label, y_label, curves, _cpu_line(), log_x=True, y_from_zero=True
+        )
 
 
 def _training_step(table: HashEmbedding):
@@ -152,25 +176,36 @@ def eviction_table(capacities: list[int]) -> None:
         f"| capacity | lru ms | lfu ms | lfu vs lru | lfu vs {capacities[0]:,} "
         "| rows read by lfu refills per step |\n|---|---|---|---|---|---|"
     )
-    first = None
+    first, curves = None, {"lru": ([], []), "lfu": ([], [])}
     for capacity in capacities:
         steps = [_evicting_step(capacity, policy) for policy in ("lru", "lfu")]
         scanned = int(steps[1].table._pool.rows_scanned.numpy())
         lru, lfu = _median_ms(steps)
         per_step = (int(steps[1].table._pool.rows_scanned.numpy()) - scanned) / (FLAGS.repeats + 5)
         first = first or lfu
+        for policy, ms in (("lru", lru), ("lfu", lfu)):
+            curves[policy][0].append(capacity)
+            curves[policy][1].append(ms)
         print(
             f"| {capacity:,} | {lru:.2f} | {lfu:.2f} | {lfu / lru:.2f}x | {lfu / first:.2f}x "
             f"| {per_step:,.0f} |",
             flush=True,
         )
         del steps
+    _plot(
+        "eviction",
+        f"Training step of a full table on {FLAGS.lookup_ids:,} ids (half new, each evicting)",
+        f"ms per step (median of {FLAGS.repeats})",
+        curves,
+    )
 
 
 def main(argv: list[str]) -> None:
     del argv
     capacities = [int(value) for value in FLAGS.capacities]
-    print(machine.cpu_line())
+    if FLAGS.plot_dir:
+        plots.require(FLAGS.plot_dir)
+    print(_cpu_line())
     print("command: python " + " ".join(sys.argv))
     if "lookup" in FLAGS.parts:
         print(
@@ -180,6 +215,12 @@ def main(argv: list[str]) -> None:
         medians = lookup_ms(capacities)
         for capacity, ms in zip(capacities, medians, strict=True):
             print(f"| {capacity:,} | {ms:.2f} | {ms / medians[0]:.2f}x |", flush=True)
+        _plot(
+            "lookup",
+            f"Training step of a table on {FLAGS.lookup_ids:,} ids (half new), width {FLAGS.width}",
+            f"ms per step (median of {FLAGS.repeats})",
+            {"ttl:2 table": (capacities, medians)},
+        )
     if "eviction" in FLAGS.parts:
         eviction_table([int(value) for value in FLAGS.full_capacities])
     if "stream" in FLAGS.parts:
@@ -236,6 +277,19 @@ def main(argv: list[str]) -> None:
                     f"| {seconds[0]} | {seconds[1]} |",
                     flush=True,
                 )
+            ours = [(capacity, median[name]) for name, capacity, tree in rows if not tree]
+            _plot(
+                "stream",
+                f"ncf-online over {count:,} events of {os.path.basename(FLAGS.ratings)}",
+                f"events/s (the median of {FLAGS.rounds} runs)",
+                {
+                    label: ([capacity for capacity, _ in ours], [run[key] for _, run in ours])
+                    for label, key in (
+                        ("all events", "events_per_second"),
+                        ("after tracing", "steady_events_per_second"),
+                    )
+                },
+            )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import os
 import subprocess
 import tempfile
 
+import plots
 from training_benchmarks.convergence import convergence
 from training_benchmarks.harness import peer_process
 from training_benchmarks.paper import PAPER_TABLE2, PAPER_TOWER_DEPTHS, paper
@@ -85,6 +86,11 @@ def main() -> None:
         "--log_dir",
         help="keep every run's log and model here (default: a "
         "temporary folder, deleted at the end)",
+    )
+    parser.add_argument(
+        "--plot_dir",
+        help="also draw the results there (matplotlib, the benchmark extra): "
+        "throughput.png, convergence.png, paper_hr_per_epoch.png",
     )
     parser.add_argument(
         "--resume",
@@ -201,6 +207,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.resume and not args.log_dir:
         parser.error("--resume needs --log_dir, the folder of the runs to go on from")
+    if args.plot_dir:
+        plots.require(args.plot_dir)  # before the runs, not after them
     args.peer_learning_rate = args.peer_learning_rate or [0.001]
     args.paper_factors = args.paper_factors or sorted(PAPER_TABLE2)
     args.paper_seed = args.paper_seed or [1, 2, 3]

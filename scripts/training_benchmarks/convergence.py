@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from training_benchmarks.harness import mean_and_sd, ml1m_data_dir, read_records
+from training_benchmarks.plots import convergence_figure
 from training_benchmarks.resume import run_or_resume
 
 
@@ -63,3 +64,4 @@ def convergence(args, work: str) -> None:
     import mlperf_score
 
     mlperf_score.main([logs])
+    convergence_figure(args, work)

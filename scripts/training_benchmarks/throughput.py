@@ -18,6 +18,7 @@ from training_benchmarks.harness import (
     run_ours,
     run_peer,
 )
+from training_benchmarks.plots import throughput_figure
 from training_benchmarks.step_flops import (
     CEILING,
     DTYPES,
@@ -189,6 +190,7 @@ def throughput(args, work: str) -> None:
                 f"  {name:<38} {old:>12,.0f} -> {new_rate:>12,.0f} examples/s: "
                 f"{new_rate / old:.2f}x"
             )
+    throughput_figure(args, rows)
 
 
 def print_products(products: dict[str, list[tuple]], rate: dict) -> None:
