@@ -86,12 +86,14 @@ _cpu_line = functools.cache(machine.cpu_line)
 
 def _plot(part: str, title: str, y_label: str, curves: dict[str, tuple[list, list]]) -> None:
     """``tables_<part>.png`` in --plot_dir (nothing without it): `curves` (label:
-    (capacities, values)) on a log-2 capacity axis."""
+    (capacities, values)) on a log-2 capacity axis; the machine and its load under it."""
     if FLAGS.plot_dir:
         path = os.path.join(FLAGS.plot_dir, f"tables_{part}.png")
         x_label = "table capacity (rows)"
+        load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+        caption = f"{_cpu_line()}; load average at the end {load}"
         plots.line_chart(
-            path, title, x_label, y_label, curves, _cpu_line(), log_x=True, y_from_zero=True
+            path, title, x_label, y_label, curves, caption, log_x=True, y_from_zero=True
         )
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import sys
 
-import plots
-
 from recommendation.data.constants import TEST_SPLIT
 from recommendation.training import experiments
-from training_benchmarks.harness import last_summary, machine_line, mean_and_sd, read_records
+from training_benchmarks.harness import last_summary, mean_and_sd
+from training_benchmarks.plots import paper_figure
 from training_benchmarks.resume import run_or_resume
 
 # The NCF paper's Table 2, NeuMF without pre-training: (HR@10, NDCG@10) by factors.
@@ -157,16 +156,12 @@ def paper(args, work: str) -> None:
         "pre-training; epoch selected on validation, test reported once"
     )
     print(PAPER_HEADER)
-    curves = {}
     for factors in args.paper_factors:
         summaries = []
         for seed in args.paper_seed:
             name = f"paper{factors}_seed{seed}"
             summary, seconds = paper_run(args, work, name, factors, seed)
             summaries.append(summary)
-            records = read_records(f"{work}/{name}/benchmark.jsonl")
-            rates = [record["hr"] for record in records if record.get("kind") == "evaluation"]
-            curves[f"factors {factors}, seed {seed}"] = (range(len(rates)), rates)
             print(paper_run_row(factors, seed, "neumf", summary, PAPER_TABLE2[factors], seconds))
         print(paper_mean_row(factors, "neumf", summaries, PAPER_TABLE2[factors]))
         if args.refit:
@@ -179,15 +174,7 @@ def paper(args, work: str) -> None:
                 print(paper_run_row(factors, seed, "neumf", refit, PAPER_TABLE2[factors], seconds))
             print(paper_mean_row(factors, "neumf", refits, PAPER_TABLE2[factors]))
     print(paper_configuration(args))
-    if args.plot_dir:
-        plots.line_chart(
-            f"{args.plot_dir}/paper_hr_per_epoch.png",
-            "NCF paper protocol: validation HR@10 per epoch (99 negatives)",
-            "epoch",
-            "validation HR@10",
-            curves,
-            machine_line(None),
-        )
+    paper_figure(args, work)
 
 
 def refit_run(
