@@ -105,9 +105,14 @@ def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
     for key in weight_keys:
         np.testing.assert_array_equal(chief[key], other[key])
         np.testing.assert_allclose(chief[key], single[key], rtol=0, atol=_WEIGHT_TOLERANCE)
-    # 7,800 positives x 5 points / 1,024 per global step, split over the two workers.
+    # 11,700 positives x 5 points / 2,048 per global step, split over the two workers.
     assert int(chief["step"]) == int(other["step"]) == int(single["step"]) == 29
-    assert float(chief["hr"]) == float(other["hr"]) > 0
+    # Seed 4: 109 of the 300 users' held-out items in their top 10 on the CPUs this was
+    # written on; another CPU's rounding may move a near-tie, a user or two. One device's
+    # weights are a few ulps away, so it may differ by a near-tie too.
+    assert float(chief["hr"]) == float(other["hr"])
+    for hr in (chief["hr"], single["hr"]):
+        assert abs(float(hr) * 300 - 109) <= 2
     assert os.path.exists(tmp_path / "model" / "checkpoint")
     assert not [name for name in os.listdir(tmp_path / "model") if "worker_temp" in name]
 

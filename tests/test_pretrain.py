@@ -355,7 +355,11 @@ def test_gmf_then_mlp_then_pretrained_neumf(tmp_path, monkeypatch):
     for kind in (GMF, MLP):
         config = _stage(tmp_path, kind, export_dir=str(tmp_path / f"export_{kind}"))
         stages[kind] = cycles.run(config)
-        assert stages[kind].summary["test_hr"] > 0
+        # The tiny data's seed 1: the test items of 156 (GMF) and 97 (MLP) of the 300
+        # users in their top 10 at the epoch chosen on validation, on the CPUs this was
+        # written on (another CPU's rounding may move a near-tie: a user or two).
+        hits = stages[kind].summary["test_hr"] * 300
+        assert abs(hits - {GMF: 156, MLP: 97}[kind]) <= 2
         # Its export serves: the top item's score is that pair's score.
         served = tf.saved_model.load(str(tmp_path / f"export_{kind}"))
         top = served.signatures["recommend"](
@@ -367,7 +371,7 @@ def test_gmf_then_mlp_then_pretrained_neumf(tmp_path, monkeypatch):
         np.testing.assert_allclose(pair["scores"], top["scores"][0], rtol=1e-5)
 
     neumf = cycles.run(_pretrained_stage(tmp_path, "neumf")).summary
-    assert neumf["test_hr"] > 0 and neumf["epochs"] == 2
+    assert abs(neumf["test_hr"] * 300 - 154) <= 2 and neumf["epochs"] == 2  # as above
 
     # What a fresh NeuMF run starts from: the two selected models (each run ends holding
     # its selected epoch's weights), combined.

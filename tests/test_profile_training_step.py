@@ -31,7 +31,9 @@ def test_a_profiled_graph_call_is_read_back_op_by_op(script, tmp_path):
     (path,) = glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
     seconds = script.op_seconds(path)
     matmuls = [name for name in seconds if name.startswith("the_matmul:")]
-    assert matmuls and all(seconds[name] > 0 for name in matmuls)
+    # One op, its 3 calls summed under its name; its time is a measurement: only that
+    # the profile timed it.
+    assert len(matmuls) == 1 and seconds[matmuls[0]] > 0
     assert "MatMul" in matmuls[0].rpartition(":")[2]
     split = script.categorise(seconds)
     assert set(matmuls) <= set(split["matmuls (forward and backward)"])

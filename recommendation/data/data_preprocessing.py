@@ -171,10 +171,11 @@ def preprocess(
         )
     timestamps = raw.timestamps
     # Sorts and factorizations release the GIL, so the (user, time) sort of every row
-    # runs in a worker beside the item factorization and the search for repeated pairs
-    # (two cores: about a third less time on ml-20m). MovieLens never has rows to drop;
-    # when some are dropped, the stable order of the kept rows is the sorted order with
-    # the others left out, but the reference's unstable time quicksort is redone on them.
+    # runs in a worker beside the item factorization and the search for repeated pairs:
+    # two cores share the work (docs/benchmarks.md, "Preprocessing", measures it).
+    # MovieLens never has rows to drop; when some are dropped, the stable order of the
+    # kept rows is the sorted order with the others left out, but the reference's
+    # unstable time quicksort is redone on them.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as worker:
         by_time = None
         if ml_perf and timestamps is not None:
@@ -291,7 +292,8 @@ def _stable_argsort_small_ints(values: np.ndarray) -> np.ndarray:
     """`np.argsort(values, kind="stable")` for non-negative ints below ``len(values)``.
 
     Each value is packed with its position into one int64 and the keys are sorted by
-    value (no argsort, no merge sort): about twice as fast on 20 M rows.
+    value (no argsort, no merge sort): faster than the stable argsort at the ml-20m size
+    (docs/benchmarks.md, "Preprocessing", measures it).
     """
     bits = len(values).bit_length()
     if 2 * bits > 63:
