@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import id_index
+from recommendation.online import id_index, masks
 
 _FIRST_ALLOCATION = 64  # rows allocated by the first admission
 
@@ -40,16 +40,13 @@ class Admission:
         `drawn` for admission (the others keep counting)."""
         if self.permit_filter_value == 1:
             return missing & drawn
-        keys = tf.boolean_mask(unique, missing)
+        keys, counts, drawn = masks.keep(missing, unique, counts, drawn)
         sightings = tf.reshape(self._pending.lookup(keys), [-1, 2])[:, 0]
-        total = sightings + tf.boolean_mask(counts, missing)
-        ready = (total >= self.permit_filter_value) & tf.boolean_mask(drawn, missing)
-        waiting = ~ready
+        total = sightings + counts
+        ready = (total >= self.permit_filter_value) & drawn
         seen = tf.stack([total, tf.fill(tf.shape(total), step)], axis=1)
-        self._pending.remove(tf.boolean_mask(keys, ready))
-        updated = id_index.put(
-            self._pending, tf.boolean_mask(keys, waiting), tf.boolean_mask(seen, waiting)
-        )
+        self._pending.remove(masks.keep(ready, keys))
+        updated = id_index.put(self._pending, *masks.keep(~ready, keys, seen))
         self._note_pending(keys)
         removed = tf.reduce_sum(tf.cast(ready & (sightings > 0), tf.int64)) + updated
         self.removals.assign_add(tf.stack([0, removed]))
@@ -93,8 +90,8 @@ class Admission:
             target = tf.maximum(tf.maximum(2 * allocated, rows), _FIRST_ALLOCATION)
             extra = tf.minimum(target, self.capacity) - allocated
             for variable in self.row_variables().values():
-                shape = tf.concat([[extra], tf.shape(variable, out_type=tf.int64)[1:]], 0)
-                variable.assign(tf.concat([variable, tf.zeros(shape, variable.dtype)], 0))
+                zeros = tf.zeros([extra, *variable.shape[1:]], variable.dtype)
+                variable.assign(tf.concat([variable, zeros], 0))
             self.allocated.assign_add(extra)
             return tf.constant(True)
 
@@ -108,12 +105,12 @@ class Admission:
         tail = tf.range(size + 1, self.size + 1)
         in_tail = holes > size
         emptied = tf.scatter_nd(
-            tf.boolean_mask(holes, in_tail)[:, None] - size - 1,
+            masks.keep(in_tail, holes)[:, None] - size - 1,
             tf.ones([tf.reduce_sum(tf.cast(in_tail, tf.int32))], tf.bool),
             tf.reshape(num, [1]),
         )
-        movers = tf.boolean_mask(tail, ~emptied)
-        targets = tf.sort(tf.boolean_mask(holes, ~in_tail))
+        movers = masks.keep(~emptied, tail)
+        targets = tf.sort(masks.keep(~in_tail, holes))
         moved = id_index.put(self._table, tf.gather(self.slot_keys, movers), targets)
         self.removals.assign_add(tf.stack([moved, 0]))
         for variable in self.row_variables().values():
@@ -124,7 +121,8 @@ class Admission:
     def _forget_pending(self, step: tf.Tensor, horizon: int) -> tf.Tensor:
         keys, values = id_index.live_entries(self._pending, 2)
         stale = step - values[:, 1] > horizon
-        self._pending.remove(tf.boolean_mask(keys, stale))
-        self._note_pending(tf.boolean_mask(keys, stale))
+        stale_keys = masks.keep(stale, keys)
+        self._pending.remove(stale_keys)
+        self._note_pending(stale_keys)
         self.removals.assign_add(tf.stack([0, tf.reduce_sum(tf.cast(stale, tf.int64))]))
         return tf.reduce_sum(tf.cast(stale, tf.int64))

@@ -33,8 +33,12 @@ import re
 
 import tensorflow as tf
 
+from recommendation.online import masks
+
 POLICIES = ("none", "lru", "lfu", "ttl")
 DEFAULT_HALF_LIFE_STEPS = 1000
+# More rows than any take: doubled (a window's width) it still fits in an int64.
+_UNLIMITED = 2**61
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +149,7 @@ def _empty(variable: tf.Variable) -> None:
     tf.function, a value of known shape assigned in one branch of a ``tf.cond`` gives
     reads of the variable that shape in the other branch too (``tf.size`` of them is
     folded to a constant)."""
-    variable.assign(tf.boolean_mask(variable, tf.zeros_like(variable, tf.bool)))
+    variable.assign(masks.keep(tf.zeros_like(variable, tf.bool), variable))
 
 
 class CandidatePool:
@@ -198,6 +202,14 @@ class CandidatePool:
         self.seen_priorities = variable(tf.float64, [None])
         # Rows read by refills, for measuring what eviction costs.
         self.rows_scanned = variable(tf.int64)
+        # Both kinds of take run one loop, traced once: a TTL table takes both ways at
+        # each step, and its step's graph holds that loop once, not twice.
+        scalar = tf.TensorSpec([], tf.int64)
+        self._take = tf.function(
+            self._take_in_order,
+            input_signature=[scalar, scalar, scalar, tf.TensorSpec([], tf.bool)],
+            autograph=False,
+        )
 
     def clear(self) -> None:
         """Forgets every run (the next take refills): after the priorities were
@@ -222,7 +234,7 @@ class CandidatePool:
         _empty(self.seen_ids)
         _empty(self.seen_priorities)
         low = (priorities <= self.bound) & (tf.reduce_sum(self.ends - self.heads) > 0)
-        ids, priorities = tf.boolean_mask(ids, low), tf.boolean_mask(priorities, low)
+        ids, priorities = masks.keep(low, ids, priorities)
         order = _in_order(priorities, self.table.tiebreak(ids))
         count = tf.size(ids, out_type=tf.int64)
 
@@ -250,8 +262,9 @@ class CandidatePool:
         """Drops used-up runs, then merges the last two while the older is not more
         than twice as long as the newer."""
         live = self.heads < self.ends
-        self.heads.assign(tf.boolean_mask(self.heads, live))
-        self.ends.assign(tf.boolean_mask(self.ends, live))
+        heads, ends = masks.keep(live, self.heads, self.ends)
+        self.heads.assign(heads)
+        self.ends.assign(ends)
 
         def uneven(_):
             left = tf.concat([[tf.int64.max, 0], self.ends - self.heads], 0)[-2:]
@@ -262,7 +275,7 @@ class CandidatePool:
             at = tf.concat([tf.range(first, self.ends[-2]), tf.range(second, self.ends[-1])], 0)
             ids, priorities = tf.gather(self.ids, at), tf.gather(self.priorities, at)
             valid = self._valid(ids, priorities)
-            ids, priorities = tf.boolean_mask(ids, valid), tf.boolean_mask(priorities, valid)
+            ids, priorities = masks.keep(valid, ids, priorities)
             order = _in_order(priorities, self.table.tiebreak(ids))
             count = tf.size(ids, out_type=tf.int64)
             to = tf.range(first, first + count)
@@ -285,27 +298,32 @@ class CandidatePool:
         """Takes up to `count` rows of lowest priority, none seen this step (fewer when
         the table holds fewer such rows): `(ids, slots)`, ids already out of the
         table's index."""
-        return self._take(count, step, deadline=None)
+        any_stamp = tf.constant(tf.int64.max)  # a deadline every row's stamp is below
+        return self._take(count, step, any_stamp, tf.constant(False))
 
     def take_expired(self, deadline: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Takes every row whose expiry stamp is below `deadline` (TTL policies, whose
         priority order is also the order of the stamps), as `take_lowest`."""
-        return self._take(tf.constant(2**62, tf.int64), step, deadline=deadline)
+        return self._take(tf.constant(_UNLIMITED, tf.int64), step, deadline, tf.constant(True))
 
-    def _take(self, count, step_now, deadline):
+    def _take_in_order(self, count, step_now, deadline, expiring):
+        """Takes rows in priority order while their expiry stamps are below `deadline`,
+        at most `count` (`take_lowest`: any stamp; `take_expired`: any number);
+        `expiring` sizes the windows and refills for the second."""
+
         def step(ids, slots, refilled, done):
             left = tf.reduce_sum(self.ends - self.heads)
             wanted = count - tf.size(ids, out_type=tf.int64)
-            useful = wanted > 0 if deadline is None else deadline > self.stamp_bound
+            useful = (wanted > 0) & (deadline > self.stamp_bound)
             return tf.cond(
                 (left == 0) & ~refilled & useful,
                 lambda: (
                     ids,
                     slots,
-                    self._refill(step_now, wanted if deadline is None else 0),
+                    self._refill(step_now, tf.where(expiring, tf.zeros_like(wanted), wanted)),
                     tf.constant(False),
                 ),
-                lambda: self._from_heads(ids, slots, refilled, left, wanted, deadline),
+                lambda: self._from_heads(ids, slots, refilled, left, wanted, deadline, expiring),
             )
 
         ids, slots, _, _ = tf.while_loop(
@@ -326,19 +344,21 @@ class CandidatePool:
         )
         return ids, slots
 
-    def _from_heads(self, taken_ids, taken_slots, refilled, left, wanted, deadline):
+    def _from_heads(self, taken_ids, taken_slots, refilled, left, wanted, deadline, expiring):
         """Takes from a window at the head of each run, merged: exact up to the least
         last entry of the windows of runs that go on past theirs."""
         table = self.table
-        width = 2 * wanted + 64 if deadline is None else 1024
+        width = tf.where(expiring, tf.constant(1024, tf.int64), 2 * wanted + 64)
         heads, ends = self.heads.read_value(), self.ends.read_value()
         window_ends = tf.minimum(heads + width, ends)
         windows = tf.ragged.range(heads, window_ends)
-        run = windows.value_rowids()
+        # Each entry's run: `value_rowids`, without the tens of ops of its `tf.repeat`.
+        entries = tf.range(tf.size(windows.flat_values, out_type=tf.int64))
+        run = tf.searchsorted(windows.row_splits[1:], entries, side="right", out_type=tf.int64)
         ids = tf.gather(self.ids, windows.flat_values)
         priorities = tf.gather(self.priorities, windows.flat_values)
         ties = table.tiebreak(ids)
-        go_on = tf.boolean_mask(window_ends - 1, window_ends < ends)
+        go_on = masks.keep(window_ends < ends, window_ends - 1)
         bound = tf.reduce_min(tf.gather(self.priorities, go_on))  # (+inf if none)
         bound_tie = tf.reduce_min(
             tf.where(
@@ -354,23 +374,19 @@ class CandidatePool:
         exact = tf.reduce_sum(tf.cast(_not_above(priorities, ties, bound, bound_tie), tf.int64))
         slots = table.lookup_slots(ids)
         valid = self._valid(ids, priorities)
-        if deadline is None:
-            reached = tf.cumsum(tf.cast(valid, tf.int64)) >= wanted
-            last = _first(reached, exact)  # the entry that completes `wanted`
-            satisfied = last < exact
-            used = tf.minimum(last + 1, exact)
-            chosen = valid
-        else:
-            expired = valid & (tf.gather(table.stamps, tf.maximum(slots, 0)) < deadline)
-            used = _first(valid & ~expired, exact)
-            satisfied = used < exact
-            chosen = expired
+        expired = valid & (tf.gather(table.stamps, tf.maximum(slots, 0)) < deadline)
+        # The exact prefix is used up to the entry that completes `wanted` or up to the
+        # first valid entry not expired, whichever comes first.
+        last = _first(tf.cumsum(tf.cast(expired, tf.int64)) >= wanted, exact)
+        live = _first(valid & ~expired, exact)
+        satisfied = tf.minimum(last, live) < exact
+        used = tf.minimum(tf.minimum(last + 1, live), exact)
         consumed = tf.range(tf.size(ids, out_type=tf.int64)) < used
-        chosen &= consumed
+        chosen = expired & consumed
         self.heads.assign_add(
             tf.math.unsorted_segment_sum(tf.cast(consumed, tf.int64), run, tf.size(heads))
         )
-        ids, slots = tf.boolean_mask(ids, chosen), tf.boolean_mask(slots, chosen)
+        ids, slots = masks.keep(chosen, ids, slots)
         # Out of the index, and above any bound: a later refill in this step skips them.
         table.release(ids, slots)
         done = satisfied | (left == 0) | ((used == left) & refilled)
@@ -385,7 +401,7 @@ class CandidatePool:
         self.rows_scanned.assign_add(table.size)
         priorities = tf.gather(table.priority, live)
         idle = (tf.gather(table.last_seen, live) != step) & (priorities < float("inf"))
-        eligible = tf.where(idle)[:, 0]
+        eligible = masks.positions(idle)
         kept = tf.maximum(tf.maximum(table.size // 8, wanted), self.MIN_SORTED)
         capped = tf.size(eligible, out_type=tf.int64) > kept
         priorities = tf.gather(priorities, eligible)
@@ -397,8 +413,7 @@ class CandidatePool:
             sorted=False,
         ).values
         within = priorities <= tf.reduce_max(tf.concat([lowest, [-float("inf")]], 0))
-        eligible = tf.boolean_mask(eligible, within)
-        priorities = tf.boolean_mask(priorities, within)
+        eligible, priorities = masks.keep(within, eligible, priorities)
         slots = tf.gather(live, eligible)
         ids = tf.gather(table.slot_keys, slots)
         order = _in_order(priorities, table.tiebreak(ids))[: tf.cast(kept, tf.int32)]

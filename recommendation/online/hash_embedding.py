@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 
 from recommendation.model import optimizers
-from recommendation.online import id_index
+from recommendation.online import id_index, masks
 from recommendation.online.admission import Admission
 from recommendation.online.eviction import (
     CandidatePool,
@@ -259,7 +259,7 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         optimizer, inner = self._update
         values, indices = gradient.values, gradient.indices
         known = indices > 0  # the default row (0) is never trained
-        values, indices = tf.boolean_mask(values, known), tf.boolean_mask(indices, known)
+        values, indices = masks.keep(known, values, indices)
         self._note_changed(indices)
         if optimizer is not inner:  # loss scaling: unscale, skip non-finite steps
             values = values / tf.cast(optimizer.dynamic_scale, values.dtype)
@@ -399,7 +399,7 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         unique, positions, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
         slots = self.lookup_slots(unique)
         held = slots >= 0
-        self._refresh(tf.boolean_mask(slots, held), tf.boolean_mask(counts, held), step)
+        self._refresh(*masks.keep(held, slots, counts), step)
         freed = tf.zeros([0], tf.int64)
         if self.policy.kind == "ttl":
             ttl = self.policy.ttl_seconds or self.policy.ttl_steps
@@ -415,7 +415,7 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         missing = ~held
         draws = self._admission_draws(tf.size(unique), step)
         admit = self._count_sightings(unique, counts, missing, draws, step)
-        self._admit(tf.boolean_mask(unique, admit), tf.boolean_mask(counts, admit), freed, step)
+        self._admit(*masks.keep(admit, unique, counts), freed, step)
         if self.key_dtype == "int64":
             self._rebuild_indexes_if_worn()
         return tf.gather(self.lookup_slots(unique), positions)

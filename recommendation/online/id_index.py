@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from recommendation.online import masks
+
 # Reserved keys of the int64 DenseHashTable; ids must not take these two values.
 EMPTY_KEY = -(2**63)
 DELETED_KEY = -(2**63) + 1
@@ -53,7 +55,7 @@ def live_entries(table, width: int) -> tuple[tf.Tensor, tf.Tensor]:
     keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, width])
     if keys.dtype == tf.int64:
         live = (keys != EMPTY_KEY) & (keys != DELETED_KEY)
-        keys, values = tf.boolean_mask(keys, live), tf.boolean_mask(values, live)
+        keys, values = masks.keep(live, keys, values)
     return keys, values
 
 
@@ -73,7 +75,7 @@ def rebuild(table, keys: tf.Tensor, values: tf.Tensor, width: int) -> tf.Tensor:
         # The kernel takes (buckets, 1) keys and (buckets, width) values; the op's
         # shape function wants rank-1 keys: a shape of unknown length passes both.
         dims = tf.stack(shape)
-        return tf.reshape(value, tf.boolean_mask(dims, tf.ones_like(dims, tf.bool)))
+        return tf.reshape(value, masks.keep(tf.ones_like(dims, tf.bool), dims))
 
     tf.raw_ops.LookupTableImportV2(
         table_handle=table.resource_handle,

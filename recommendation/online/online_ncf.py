@@ -134,6 +134,8 @@ class OnlineNeuMF(network.NeuMF):
         self.prequential_events = prequential_events
         self.prequential_negatives = prequential_negatives
 
+    # No control flow over tensors: AutoGraph's conversion would only cost start-up time.
+    @tf.autograph.experimental.do_not_convert
     def resolve(self, data: dict, training: bool = False) -> dict:
         """Ids to rows. First the prequential test: its rows' values are read before
         anything of this batch is admitted or evicted (they get no gradient); then the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import id_index
+from recommendation.online import id_index, masks
 
 _ROWS, _PENDING = "rows.", "pending."
 
@@ -61,7 +61,7 @@ class ChangeTracking:
         pending sightings changed (``pending.keys``, ``pending.values``) and removed
         (``pending.removed``); then forgets them, as written."""
         live = self.changed[1 : self.size + 1]
-        slots = tf.where(live)[:, 0] + 1
+        slots = masks.positions(live) + 1
         changes = {"slots": slots}
         for name, variable in self.row_variables().items():
             if name != "changed":
@@ -70,9 +70,10 @@ class ChangeTracking:
             keys, _ = id_index.live_entries(self._pending_changed, 1)
             values = tf.reshape(self._pending.lookup(keys), [-1, 2])
             held = values[:, 0] > 0  # an id waiting for admission was seen at least once
-            changes[_PENDING + "keys"] = tf.boolean_mask(keys, held)
-            changes[_PENDING + "values"] = tf.boolean_mask(values, held)
-            changes[_PENDING + "removed"] = tf.boolean_mask(keys, ~held)
+            changes[_PENDING + "keys"], changes[_PENDING + "values"] = masks.keep(
+                held, keys, values
+            )
+            changes[_PENDING + "removed"] = masks.keep(~held, keys)
         self.clear_changes()
         return changes
 
