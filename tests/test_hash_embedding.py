@@ -365,17 +365,20 @@ def test_the_table_holds_what_its_model_holds_step_by_step(
     assert totals == (model.admitted, model.evicted, model.refused) == expected
 
 
-def test_lfu_rows_seen_after_a_refill_are_merged_into_the_eviction_order(monkeypatch):
+@pytest.mark.parametrize("eagerly", [False, True], ids=["traced", "eager"])
+def test_lfu_rows_seen_after_a_refill_are_merged_into_the_eviction_order(monkeypatch, eagerly):
     """Under LFU a row seen after the pool was sorted can rank below rows in it; such
     rows go into runs of their own, merged as they accumulate. On a skewed stream
     whose hot ids stay above the decay floor (small refills, so that runs pile up),
-    the table holds what `_TableModel` holds at every step."""
+    the table holds what `_TableModel` holds at every step, traced or run eagerly."""
     monkeypatch.setattr(CandidatePool, "MIN_SORTED", 4)
     layer = HashEmbedding(2, capacity=128, eviction="lfu:200")
     train = tf.function(
         lambda ids: layer.slots(ids, training=True),
         input_signature=[tf.TensorSpec([None], tf.int64)],
     )
+    if eagerly:
+        train = train.python_function
     model = _TableModel(128, 1, "lfu:200")
     universe = np.arange(384)
     popularity = 1.0 / (universe + 1.0) ** 0.7

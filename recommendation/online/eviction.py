@@ -284,7 +284,7 @@ class CandidatePool:
             self.length.assign(first + count)
             self.heads.assign(self.heads[:-1])
             self.ends.assign(tf.concat([self.ends[:-2], tf.reshape(self.length, [1])], 0))
-            return merges + 1
+            return [merges + 1]  # the loop's variables, as given (run eagerly too)
 
         tf.while_loop(uneven, merge, [tf.constant(0)])
 
