@@ -220,3 +220,10 @@ DATASET_EXPERIMENTS: Mapping[str, str] = {
     "ml-1m": _ML1M_TUNED.name,
     "synthetic": _ML1M_TUNED.name,
 }
+
+
+def experiment_named(config: str | None, dataset: str | None) -> str | None:
+    """The experiment a run takes: its --config, else its --dataset's
+    (`DATASET_EXPERIMENTS`); None for none or a name no experiment has."""
+    name = config or DATASET_EXPERIMENTS.get(dataset)
+    return name if name in EXPERIMENTS else None

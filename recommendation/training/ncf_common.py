@@ -202,15 +202,14 @@ def _experiment_of(argv: list[str]) -> str | None:
     flags.DEFINE_string("config", None, "", flag_values=probe)
     flags.DEFINE_string("dataset", NcfConfig().data.dataset, "", flag_values=probe)
     probe(argv, known_only=True)
-    name = probe.config or experiments.DATASET_EXPERIMENTS.get(probe.dataset)
-    return name if name in experiments.EXPERIMENTS else None
+    return experiments.experiment_named(probe.config, probe.dataset)
 
 
 def ncf_config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> NcfConfig:
     """The `NcfConfig` described by NCF flags parsed by `parse_ncf_flags`; `preset` holds
     the values that came from the experiment (the flags given once, by it)."""
     fv = flag_values
-    name = fv.config or experiments.DATASET_EXPERIMENTS.get(fv.dataset)
+    name = experiments.experiment_named(fv.config, fv.dataset)
     values = experiments.EXPERIMENTS[name].values if name else {}
     if any(not fv[flag].present for flag in values):
         raise ValueError("NCF flags must be parsed by ncf_common.parse_ncf_flags")
