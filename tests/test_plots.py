@@ -153,6 +153,13 @@ def test_the_paper_suite_draws_the_mean_validation_hr_of_each_size_by_epoch(tmp_
     assert means == pytest.approx([0.61, 0.69, 0.69])
 
 
+def test_a_paper_line_of_one_seed_is_labelled_by_its_seed(tmp_path, drawn):
+    _benchmark_log(tmp_path, "paper16_seed3", [0.65, 0.70])
+    args = argparse.Namespace(plot_dir=str(tmp_path), paper_factors=[16], paper_seed=[3])
+    training_plots.paper_figure(args, str(tmp_path))
+    assert drawn["paper_hr_per_epoch.png"] == {"factors 16 (seed 3)": ([0, 1], [0.65, 0.70])}
+
+
 def test_the_throughput_suite_draws_a_bar_per_row(tmp_path, monkeypatch):
     monkeypatch.setattr(training_plots, "machine_line", lambda peer: f"cpu: x; peer {peer}")
     bars, draw = {}, plots.bar_chart

@@ -54,7 +54,8 @@ def paper_figure(args, work: str) -> str | None:
         ]
         epochs = sorted({epoch for rates in runs for epoch in rates})
         means = [statistics.fmean(rates[e] for rates in runs if e in rates) for e in epochs]
-        series[f"factors {factors} (mean of {len(runs)} seeds)"] = (epochs, means)
+        label = f"seed {args.paper_seed[0]}" if len(runs) == 1 else f"mean of {len(runs)} seeds"
+        series[f"factors {factors} ({label})"] = (epochs, means)
     return figures.line_chart(
         os.path.join(args.plot_dir, "paper_hr_per_epoch.png"),
         "NCF paper protocol (ncf-ml-1m), NeuMF without pre-training",
