@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ROOT
 
 from official.core import signals
 from official.utils.logs import mlperf_helper
@@ -22,7 +23,6 @@ from recommendation.producer.data_async_generation import Producer
 from recommendation.producer.data_pipeline import ProducerError, ProducerHandle
 from recommendation.producer.run_folder import GenerationParams
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = synthetic_data.SyntheticSpec(num_users=200, num_items=150, num_ratings=8000)
 
 

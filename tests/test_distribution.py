@@ -12,8 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 # One training run; argv: strategy, worker hosts ("" for none), task index, model dir,
 # output file. Every run builds the same synthetic data with the same seed, so reads the

@@ -7,8 +7,8 @@ import os
 import re
 
 import pytest
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
 IMAGES = os.path.join(ROOT, "docs", "images")
 

@@ -15,6 +15,7 @@ import onnxruntime
 import pytest
 import tensorflow as tf
 from conftest import (
+    ROOT,
     run_module_on_a_tmpfs,
     the_error_line,
     tiny_runner,
@@ -25,8 +26,6 @@ from conftest import (
 from official.core.model_dir import ModelDirError
 from recommendation.data import constants
 from recommendation.serving import export_files, neumf_export, onnx_model
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Loads an export in a new interpreter; prints serving_default and recommend outputs.
 _SERVE_SCRIPT = """

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 import recommendation
 
@@ -42,13 +43,12 @@ def test_the_model_garden_names_work_in_from_imports_and_nothing_else_is_invente
 
 
 def test_the_architecture_page_names_every_module():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8") as page:
+    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as page:
         text = page.read()
     modules = [
-        os.path.relpath(os.path.join(folder, name), root)
+        os.path.relpath(os.path.join(folder, name), ROOT)
         for package in ("recommendation", "official")
-        for folder, _, names in os.walk(os.path.join(root, package))
+        for folder, _, names in os.walk(os.path.join(ROOT, package))
         for name in names
         if name.endswith(".py") and name != "__init__.py"
     ]
