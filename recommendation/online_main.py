@@ -41,7 +41,14 @@ from official.utils.flags.core import (
 )
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc import atomic, errors
-from recommendation.online import callbacks, eviction, online_ncf, redis_source, sources
+from recommendation.online import (
+    callbacks,
+    cluster,
+    eviction,
+    online_ncf,
+    redis_source,
+    sources,
+)
 from recommendation.online.callback_base import Callback
 from recommendation.online.dead_letters import DeadLetterFile
 from recommendation.online.event_stream import EventStream
@@ -74,6 +81,7 @@ class OnlineConfig:
         trained_events_log: Append the source id of every trained event here (audit).
         summary_file: Write the run summary (with the metric history) here as JSON.
         seed: Fixes initial weights and sampling.
+        serve_as: Be this task (``ps`` or ``worker``) of TF_CONFIG's cluster instead.
     """
 
     redis_url: str | None = None
@@ -104,6 +112,7 @@ class OnlineConfig:
     trained_events_log: str | None = None
     summary_file: str | None = None
     seed: int | None = None
+    serve_as: str | None = None
 
 
 def make_source(config: OnlineConfig):
@@ -182,8 +191,10 @@ def run(config: OnlineConfig) -> dict:
 
 
 def _run_holding_model_dir(config: OnlineConfig) -> dict:
+    resolver = cluster.cluster_resolver()
+    coordinator = cluster.connect(resolver) if resolver else None
     rec_model: RecModel = online_ncf.build_rec_model(
-        config.model, config.amp_level, config.boost_level
+        config.model, config.amp_level, config.boost_level, coordinator
     )
     source = make_source(config)
     chosen = make_callbacks(config)
@@ -194,6 +205,14 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
             dataset_sink_mode=True,
             sink_size=config.sink_size,
         )
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+        if coordinator is None:
+            raise
+        raise cluster.ClusterError(
+            f"a task of the cluster stopped answering ({_first_line(error)}): restart it "
+            "and this command; training resumes from the last checkpoint, whose events "
+            "are the only ones acknowledged"
+        ) from None
     finally:
         source.close()
     history = next(c for c in chosen if isinstance(c, callbacks.MetricLogger)).history
@@ -204,11 +223,31 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
         reconnects=getattr(source, "reconnects", 0),
         prequential_hr=float(np.mean(hr_values)) if hr_values else None,
         history=history,
+        cluster=_cluster_summary(rec_model),
         **_outputs(chosen),
     )
     if config.summary_file:
         atomic.write_file(config.summary_file, json.dumps(summary, sort_keys=True))
     return summary
+
+
+def _first_line(error: tf.errors.OpError) -> str:
+    return (error.message or type(error).__name__).strip().splitlines()[0]
+
+
+def _cluster_summary(rec_model: RecModel) -> dict | None:
+    """On a cluster: each table's live rows on each ps task, and the coordinator's
+    seconds resolving, scheduling and waiting for the workers."""
+    if rec_model.cluster is None:
+        return None
+    network = rec_model.network
+    return {
+        "rows_per_ps": {
+            "user": network.user_embedding.rows_per_shard(),
+            "item": network.item_embedding.rows_per_shard(),
+        },
+        "seconds": dict(rec_model.cluster.seconds),
+    }
 
 
 def _outputs(chosen: list[Callback]) -> dict:
@@ -248,7 +287,18 @@ def summary_line(summary: dict, top_k: int) -> str:
         f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
         f"lost events {summary['lost_events']}, "
         f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
+        f"{_shards(summary)}"
         f"stopped by {summary['stopped_by']}"
+    )
+
+
+def _shards(summary: dict) -> str:
+    """Rows on each ps task, when trained on a cluster."""
+    if not summary.get("cluster"):
+        return ""
+    rows = summary["cluster"]["rows_per_ps"]
+    return "rows per ps task: " + "".join(
+        f"{name}s {' / '.join(f'{count:,}' for count in counts)}, " for name, counts in rows.items()
     )
 
 
@@ -386,9 +436,18 @@ ONLINE_FLAGS = (
     ),
     FlagSpec("trained_events_log", "Append every trained event's id here."),
     FlagSpec("summary_file", "Write the summary and metric history here (JSON)."),
+    FlagSpec(
+        "serve_as",
+        "Run as this task of TF_CONFIG's cluster (a tf.distribute server) instead of "
+        "training: ps tasks hold the model, workers run the steps the trainer (the chief, "
+        "ncf-online without this flag) schedules.",
+        choices=cluster.TASK_TYPES,
+    ),
     Rule(
-        ("redis_url", "events_dir"),
-        lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
+        ("redis_url", "events_dir", "serve_as"),
+        lambda values: (
+            bool(values["serve_as"]) or bool(values["redis_url"]) != bool(values["events_dir"])
+        ),
         "give exactly one source: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
     ),
     Rule(
@@ -429,6 +488,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = config_from_flags(flags.FLAGS)
+    if config.serve_as:
+        with errors.exit_on_user_errors(cluster.ClusterError):
+            cluster.serve(config.serve_as)
+        return
     start = time.perf_counter()
     # Stop signals are RecModel's: it finishes the step, checkpoints and returns.
     with errors.exit_on_user_errors(redis.RedisError, ValueError, ModelDirError):

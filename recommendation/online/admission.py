@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import id_index, masks
+from recommendation.online import id_index, masks, row_shards
 
 _FIRST_ALLOCATION = 64  # rows allocated by the first admission
 
@@ -90,8 +90,7 @@ class Admission:
             target = tf.maximum(tf.maximum(2 * allocated, rows), _FIRST_ALLOCATION)
             extra = tf.minimum(target, self.capacity) - allocated
             for variable in self.row_variables().values():
-                zeros = tf.zeros([extra, *variable.shape[1:]], variable.dtype)
-                variable.assign(tf.concat([variable, zeros], 0))
+                row_shards.resize(variable, allocated + extra + 1)
             self.allocated.assign_add(extra)
             return tf.constant(True)
 
@@ -114,7 +113,8 @@ class Admission:
         moved = id_index.put(self._table, tf.gather(self.slot_keys, movers), targets)
         self.removals.assign_add(tf.stack([moved, 0]))
         for variable in self.row_variables().values():
-            variable.scatter_update(tf.IndexedSlices(tf.gather(variable, movers), targets))
+            moving = row_shards.gather(variable, movers)
+            variable.scatter_update(tf.IndexedSlices(moving, targets))
         self._note_changed(targets)
         self.size.assign(size)
 

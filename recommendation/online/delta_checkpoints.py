@@ -37,6 +37,7 @@ from absl import logging
 from official.core import model_dir
 from official.core.model_dir import ModelDirError
 from official.utils.misc import atomic, errors
+from recommendation.online import row_shards
 
 MANIFEST = "deltas.json"
 _PREFIX = "delta-"
@@ -54,7 +55,10 @@ def tables_and_state(rec_model) -> tuple[dict[str, object], dict[str, tf.Variabl
     view = tf.train.TrackableView(root)
     tables = {id(table): table for table in rec_model.row_tables()}
     per_row = {
-        id(variable) for table in tables.values() for variable in table.row_variables().values()
+        id(variable)
+        for table in tables.values()
+        for rows in table.row_variables().values()
+        for variable in row_shards.shard_variables(rows)
     }
     found_tables, state, seen, queue = {}, {}, {id(root)}, [("", root)]
     while queue:

@@ -30,11 +30,13 @@ A "step" is one training call (``training=True``): call each layer once per step
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import keras
 import tensorflow as tf
 
 from recommendation.model import optimizers
-from recommendation.online import id_index, masks
+from recommendation.online import id_index, masks, row_shards
 from recommendation.online.admission import Admission
 from recommendation.online.eviction import (
     CandidatePool,
@@ -42,6 +44,7 @@ from recommendation.online.eviction import (
     parse_policy,
     seen_priority,
 )
+from recommendation.online.row_shards import RowShards
 from recommendation.online.table_changes import ChangeTracking
 
 
@@ -87,6 +90,11 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
             permit filter) admits it; drawn from `seed` and the step, so a run is
             reproducible.
         seed: Seed of those draws.
+        shard_devices: Devices to split the rows and their moments over (`row_shards`:
+            row r on ``shard_devices[r % N]``), such as parameter-server tasks; the
+            index and the eviction state stay where the table is built. None: one
+            variable each, where the table is built. Not part of the config: where a
+            model runs is not what it is.
 
     Call args:
         ids: `(...)` ids, or row numbers when `by_slot` (`sample_slots` output; no
@@ -110,6 +118,7 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         eviction: str = "none",
         admit_probability: float = 1.0,
         seed: int = 0,
+        shard_devices: Sequence[str] | None = None,
         **kwargs,
     ) -> None:
         # Off, so that row writes go to the float32 variables themselves; rows are cast
@@ -144,6 +153,7 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         self.capacity = int(capacity)
         self.admit_probability = float(admit_probability)
         self.seed = int(seed)
+        self.shard_devices = list(shard_devices) if shard_devices else None
         self._initializer_config = keras.initializers.serialize(keras.initializers.get(initializer))
         # A copy of the caller's: its seed becomes this table's seed generator below.
         self.initializer = keras.initializers.deserialize(self._initializer_config)
@@ -170,7 +180,7 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         # the variable: a full copy when scatters write it).
         self.allocated = tf.Variable(0, dtype=int64, trainable=False, name="allocated")
         # Row 0 is the default row: zeros, never trained.
-        self.embeddings = _growing(tf.zeros([1, self.embedding_size]), "embeddings", True)
+        self.embeddings = self._value_rows(tf.zeros([1, self.embedding_size]), "embeddings", True)
         self.slot_keys = _growing(tf.zeros([1], dtype), "slot_keys")
         self.priority = _growing(tf.zeros([1], tf.float64), "priority")
         self.last_seen = _growing(tf.zeros([1], int64), "last_seen")
@@ -194,6 +204,14 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         object.__setattr__(self, "_update", None)
         # A cache of the eviction order, rebuilt when needed: not checkpointed.
         object.__setattr__(self, "_pool", CandidatePool(self, dtype))
+
+    def _value_rows(
+        self, initial: tf.Tensor, name: str, trainable: bool = False
+    ) -> tf.Variable | RowShards:
+        """The rows' values or moments: sharded over `shard_devices`, or one variable."""
+        if self.shard_devices:
+            return RowShards(initial, name, self.shard_devices, trainable)
+        return _growing(initial, name, trainable)
 
     # -- what the pool and the trainer read ------------------------------------
 
@@ -240,8 +258,8 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         if isinstance(inner, keras.optimizers.Adam) and not getattr(inner, "amsgrad", False):
             if self.momentum is None:
                 zeros = tf.zeros([self.allocated.numpy() + 1, self.embedding_size])
-                self.momentum = _growing(zeros, "momentum")
-                self.velocity = _growing(zeros, "velocity")
+                self.momentum = self._value_rows(zeros, "momentum")
+                self.velocity = self._value_rows(zeros, "velocity")
         elif not (isinstance(inner, keras.optimizers.SGD) and not inner.momentum):
             raise ValueError(
                 f"HashEmbedding rows train with Adam or SGD without momentum, lazily; "
@@ -251,42 +269,85 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         return len(self.moments)
 
     @_graph_code
-    def train_rows(self, gradient: tf.IndexedSlices) -> None:
-        """Applies the gradient of the rows (`embeddings`) with the attached optimiser;
-        call before the optimiser's own ``apply`` of the step (Adam's step count)."""
+    def train_rows(
+        self,
+        gradients: tf.IndexedSlices | list[tf.IndexedSlices],
+        step: tf.Tensor | None = None,
+        note_changes: bool = True,
+    ) -> None:
+        """Applies the gradient of the rows (of each of `gradient_variables`, in order)
+        with the attached optimiser; call before the optimiser's own ``apply`` of the
+        step, or give Adam's `step` (from 1; a coordinator's count, when workers share
+        the optimiser). `note_changes` False: whoever resolved the rows notes them
+        changed (a worker cannot write the coordinator's flags)."""
         if self._update is None:
             raise ValueError("call attach_optimizer before training the rows")
         optimizer, inner = self._update
-        values, indices = gradient.values, gradient.indices
-        known = indices > 0  # the default row (0) is never trained
-        values, indices = masks.keep(known, values, indices)
-        self._note_changed(indices)
-        if optimizer is not inner:  # loss scaling: unscale, skip non-finite steps
-            values = values / tf.cast(optimizer.dynamic_scale, values.dtype)
-        rows = tf.stack([self.allocated + 1, self.embedding_size])
-        gradient = tf.IndexedSlices(values, indices, tf.cast(rows, tf.int64))
+        if isinstance(gradients, tf.IndexedSlices):
+            gradients = [gradients]
+        if step is None:
+            step = inner.iterations + 1
+        step = tf.cast(step, tf.float32)
         rate = tf.cast(inner.learning_rate, tf.float32)
+        shards = row_shards.shard_variables(self.embeddings)
+        moments = [row_shards.shard_variables(moment) for moment in self.moments]
+        for index, gradient in enumerate(gradients):
+            values, indices = gradient.values, gradient.indices
+            rows = indices * len(shards) + index  # the table's row numbers
+            known = rows > 0  # the default row (0) is never trained
+            values, indices, rows = masks.keep(known, values, indices, rows)
+            if note_changes:
+                self._note_changed(rows)
+            if optimizer is not inner:  # loss scaling: unscale, skip non-finite steps
+                values = values / tf.cast(optimizer.dynamic_scale, values.dtype)
+            self._apply_rows(
+                tf.IndexedSlices(values, indices),
+                shards[index],
+                [shard[index] for shard in moments],
+                rate,
+                step,
+            )
+
+    def _apply_rows(self, gradient, variable, moments, rate, step) -> None:
+        optimizer, inner = self._update
 
         def apply():
-            if self.moments:
+            if moments:
                 optimizers.lazy_adam_rows(
                     gradient,
-                    self.embeddings,
-                    *self.moments,
+                    variable,
+                    *moments,
                     rate,
                     inner.beta_1,
                     inner.beta_2,
                     inner.epsilon,
-                    tf.cast(inner.iterations + 1, tf.float32),
+                    step,
                 )
             else:
-                self.embeddings.scatter_sub(tf.IndexedSlices(rate * values, indices))
+                variable.scatter_sub(tf.IndexedSlices(rate * gradient.values, gradient.indices))
             return tf.constant(True)
 
         if optimizer is inner:
             apply()
         else:
-            tf.cond(tf.reduce_all(tf.math.is_finite(values)), apply, lambda: tf.constant(False))
+            finite = tf.reduce_all(tf.math.is_finite(gradient.values))
+            tf.cond(finite, apply, lambda: tf.constant(False))
+
+    def note_trained(self, slots: tf.Tensor) -> None:
+        """Notes rows `slots` (the default row and -1 left out) changed by a step that
+        trains them elsewhere (`train_rows` with `note_changes` False)."""
+        self._note_changed(masks.keep(slots > 0, slots))
+
+    def gradient_variables(self) -> list[tf.Variable]:
+        """The variables holding the rows, whose gradients `train_rows` takes."""
+        return row_shards.shard_variables(self.embeddings)
+
+    def rows_per_shard(self) -> list[int]:
+        """Live rows (default row excluded) on each shard (eagerly); one entry when the
+        rows are not sharded."""
+        num = len(self.gradient_variables())
+        size = int(self.size.numpy())
+        return [len(range(index or num, size + 1, num)) for index in range(num)]
 
     @property
     def moments(self) -> list[tf.Variable]:
@@ -309,9 +370,8 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
     def trim(self) -> None:
         """Drops the rows allocated beyond the live ones (before a checkpoint or an
         export, so that they hold the live rows only)."""
-        end = self.size + 1
         for variable in self.row_variables().values():
-            variable.assign(variable[:end])
+            row_shards.resize(variable, self.size + 1)
         self.allocated.assign(self.size)
 
     def serving_state(self) -> tf.Module:
@@ -319,7 +379,20 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         holds nothing else of the table."""
         state = tf.Module(name=f"{self.name}_serving")
         state.index, state.rows = self._table, self.embeddings
+        if isinstance(self.embeddings, RowShards):
+            # One variable, gathered from the shards: a server needs no cluster.
+            rows = self.embeddings.gather(tf.range(self.size + 1))
+            state.rows = tf.Variable(rows, trainable=False, name="embeddings")
         return state
+
+    def serving_rows(self, state: tf.Module, ids: tf.Tensor) -> tf.Tensor:
+        """Rows of `ids` (`(n,)`) read from `state` (`serving_state`): the rows the
+        table would look up, the default row for ids without one."""
+        slots = tf.reshape(state.index.lookup(ids), [-1])
+        rows = tf.gather(state.rows, tf.maximum(slots, 0))
+        if self.max_norm is not None:
+            rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
+        return tf.cast(rows, self.compute_dtype)
 
     # -- lookups -----------------------------------------------------------------
 
@@ -358,7 +431,7 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         the whole table first.
         """
         known = slots > 0
-        rows = tf.gather(self.embeddings, tf.where(known, slots, 0))
+        rows = row_shards.gather(self.embeddings, tf.where(known, slots, 0))
         rows = _default_rows_untrained(rows, known)
         if self.max_norm is not None:
             rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])

@@ -20,6 +20,7 @@ XLA-compile the latter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import keras
@@ -27,6 +28,7 @@ import tensorflow as tf
 
 from recommendation.data import constants
 from recommendation.model import hyperparams, network, neumf_model, optimizers
+from recommendation.online import cluster
 from recommendation.online.hash_embedding import HashEmbedding
 from recommendation.online.rec_model import RecModel
 
@@ -74,7 +76,8 @@ class OnlineParams:
 @keras.saving.register_keras_serializable(package="ncf")
 class OnlineNeuMF(network.NeuMF):
     """NeuMF over `HashEmbedding` tables of `user_capacity` and `item_capacity` rows
-    (arguments as in `OnlineParams`), given to NeuMF ready-made.
+    (arguments as in `OnlineParams`; `shard_devices`: `HashEmbedding`'s), given to
+    NeuMF ready-made.
 
     Call args (of `call`, after `resolve`):
         resolved: The dict `resolve` returns.
@@ -100,6 +103,7 @@ class OnlineNeuMF(network.NeuMF):
         user_eviction: str | None = OnlineParams.user_eviction,
         item_eviction: str | None = OnlineParams.item_eviction,
         admit_probability: float = OnlineParams.admit_probability,
+        shard_devices: list[str] | None = None,
         **kwargs,
     ) -> None:
         width = network.NeuMF.table_width(mf_dim, layers)
@@ -120,6 +124,7 @@ class OnlineNeuMF(network.NeuMF):
                 admit_probability=admit_probability,
                 seed=seed,
                 max_norm=max_norm,
+                shard_devices=shard_devices,
             )
 
         super().__init__(
@@ -170,6 +175,11 @@ class OnlineNeuMF(network.NeuMF):
             "negatives": train_rows,
             "negatives_valid": valid,
         }
+
+    def trained_rows(self, resolved: dict) -> list[tuple[HashEmbedding, tf.Tensor]]:
+        """The rows a training step on `resolved` changes, by table."""
+        items = tf.concat([resolved["items"], resolved["negatives"]], 0)
+        return [(self.user_embedding, resolved["users"]), (self.item_embedding, items)]
 
     def call(self, resolved: dict, training=None) -> dict:
         def rows(embedding, slots):
@@ -245,8 +255,12 @@ def _probe_batch(values) -> dict:
     }
 
 
-def build_online_model(params: OnlineParams) -> OnlineNeuMF:
-    """OnlineNeuMF with its variables created (one forward pass, nothing admitted)."""
+def build_online_model(
+    params: OnlineParams, strategy: tf.distribute.Strategy | None = None
+) -> OnlineNeuMF:
+    """OnlineNeuMF with its variables created (one forward pass, nothing admitted);
+    with a parameter-server `strategy`, the tables' rows split over its ps tasks and
+    the dense weights placed by it, the tables' index and state here."""
     model = OnlineNeuMF(
         params.user_capacity,
         params.item_capacity,
@@ -263,28 +277,41 @@ def build_online_model(params: OnlineParams) -> OnlineNeuMF:
         params.user_eviction,
         params.item_eviction,
         params.admit_probability,
+        shard_devices=cluster.ps_devices(strategy) if strategy else None,
     )
-    model(model.resolve(_probe_batch([0]), training=False))
+    # The strategy would place the tables' own variables too (on the ps tasks): they
+    # are made above, outside its scope.
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        model(model.resolve(_probe_batch([0]), training=False))
     return model
 
 
 def build_rec_model(
-    params: OnlineParams, amp_level: str = "O0", boost_level: str = "O0"
+    params: OnlineParams,
+    amp_level: str = "O0",
+    boost_level: str = "O0",
+    coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None = None,
 ) -> RecModel:
     """RecModel training OnlineNeuMF (which computes its own loss) with lazy Adam: it
-    updates only the rows of each batch, the only sensible choice for large tables."""
-    optimizer = optimizers.LazyAdam(
-        learning_rate=params.learning_rate,
-        beta_1=params.beta1,
-        beta_2=params.beta2,
-        epsilon=params.epsilon,
-    )
-    return RecModel(
-        build_online_model(params),
-        optimizer=optimizer,
-        amp_level=amp_level,
-        boost_level=boost_level,
-    )
+    updates only the rows of each batch, the only sensible choice for large tables.
+    With a `coordinator`, on its cluster (`cluster`)."""
+    strategy = coordinator.strategy if coordinator else None
+    network = build_online_model(params, strategy)
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        optimizer = optimizers.LazyAdam(
+            learning_rate=params.learning_rate,
+            beta_1=params.beta1,
+            beta_2=params.beta2,
+            epsilon=params.epsilon,
+        )
+        if strategy:  # its slots on the ps tasks (the tables' moments: below)
+            optimizer.build(network.trainable_variables)
+    rec_model = RecModel(network, optimizer=optimizer, amp_level=amp_level, boost_level=boost_level)
+    if coordinator:
+        for table in rec_model.row_tables():
+            table.attach_optimizer(optimizer)
+        rec_model.distribute(coordinator)
+    return rec_model
 
 
 def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
@@ -313,8 +340,8 @@ def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
             ]
         )
         def serve(self, user_id, item_id):
-            user = network.user_embedding(user_id)
-            item = network.item_embedding(item_id)
+            user = network.user_embedding.serving_rows(self.tables[0], user_id)
+            item = network.item_embedding.serving_rows(self.tables[1], item_id)
             logits = tf.cast(network.score(user, item)[:, 0], tf.float32)
             return {"scores": tf.sigmoid(logits)}
 

@@ -23,6 +23,8 @@ The semantics are MindSpore's, translated:
   trains; ``O2`` adds XLA compilation of the step (of the part after
   ``network.resolve``, where the network has one: hash-table lookups cannot be
   compiled). Measured effects: docs/benchmarks.md.
+- ``distribute(coordinator)`` (an addition): the steps run on the workers of a
+  parameter-server cluster, the network's resolve stage here (`cluster`).
 - ``online_train(train_dataset, callbacks, dataset_sink_mode=True, sink_size=1)``
   runs until the dataset ends, a callback sets ``stop_training``, or SIGINT/SIGTERM
   arrives: then the step in flight finishes, ``on_train_end`` runs (the checkpoint
@@ -53,6 +55,7 @@ import tensorflow as tf
 
 from official.core import precision, signals
 from official.core.runner import sum_over_steps, without_autotuning
+from recommendation.online import cluster
 from recommendation.online.callback_base import CallbackList
 from recommendation.online.metrics import build_metrics
 from recommendation.online.stream_batches import (
@@ -143,6 +146,7 @@ class RecModel:
         self._sink_calls: dict[tuple, Callable] = {}  # by element dtypes and shapes
         self._eval_call: Callable | None = None
         self._dataset = None
+        self.cluster: cluster.ClusterSteps | None = None
 
     def _apply_policy(self, amp_level: str) -> None:
         layers = self.network._flatten_layers(include_self=True, recursive=True)
@@ -178,7 +182,9 @@ class RecModel:
     def before_save(self, trim: bool = True) -> None:
         """Copies the position of the last trained batch into the checkpoint, and
         trims the tables' rows to the live ones (for a full checkpoint: a delta holds
-        the changed rows only, `delta_checkpoints`)."""
+        the changed rows only, `delta_checkpoints`); on a cluster, first waits for
+        the steps in flight, so that the checkpoint holds every step it counts."""
+        self.finish_steps()
         self.checkpoint  # noqa: B018 (creates the position variable)
         if trim:
             self.trim_tables()
@@ -186,7 +192,8 @@ class RecModel:
 
     def trim_tables(self) -> None:
         """Drops the rows the tables allocated beyond their live ones (before a
-        checkpoint or an export)."""
+        checkpoint or an export), once the steps in flight are done."""
+        self.finish_steps()
         for table in self.row_tables():
             table.trim()
 
@@ -200,6 +207,40 @@ class RecModel:
         """Tells the dataset that everything up to `position` is durably trained."""
         if self._dataset is not None and hasattr(self._dataset, "commit"):
             self._dataset.commit(self.position)
+
+    def distribute(
+        self,
+        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+        max_in_flight: int | None = None,
+    ) -> None:
+        """Runs the training steps on the workers of `coordinator`'s cluster: the
+        network's ``resolve`` here, the rest of each step on a worker (`cluster`). The
+        network's dense weights and the optimiser must have been built in the
+        strategy's scope, and its row tables sharded over the ps tasks."""
+        resolve = getattr(self.network, "resolve", None)
+        if resolve is None or self.optimizer is None or self.loss_fn is not None:
+            raise ValueError(
+                "a cluster trains a network with a resolve stage that computes its own "
+                "loss, with an optimizer"
+            )
+        self._build_optimizer()
+
+        def resolve_step(data):
+            resolved = resolve(data, training=True)
+            for table, slots in self.network.trained_rows(resolved):
+                table.note_trained(slots)
+            return resolved, self.step.assign_add(1)
+
+        def train(resolved, step):
+            return self._train_step(resolved, None, step)
+
+        in_flight = max_in_flight or 2 * cluster.num_workers(coordinator.strategy)
+        self.cluster = cluster.ClusterSteps(coordinator, resolve_step, train, in_flight)
+
+    def finish_steps(self) -> dict[str, float]:
+        """Waits for the steps in flight on a cluster; their mean logs ({} in one
+        process)."""
+        return self.cluster.finish() if self.cluster is not None else {}
 
     def _build_optimizer(self) -> None:
         if self.optimizer is None or self.optimizer.built:
@@ -221,10 +262,11 @@ class RecModel:
 
     # -- one step ------------------------------------------------------------
 
-    def _forward(self, data, training: bool, compiled: Callable | None):
-        """Network outputs for `data` (resolve stage outside any XLA cluster)."""
+    def _forward(self, data, training: bool, compiled: Callable | None, resolved=False):
+        """Network outputs for `data` (resolve stage outside any XLA cluster, unless
+        `data` is `resolved` already)."""
         resolve = getattr(self.network, "resolve", None)
-        if resolve is not None:
+        if resolve is not None and not resolved:
             data = resolve(data, training=training)
         call = compiled or (lambda d: self._call(self.network, d, training))
         return call(data)
@@ -235,14 +277,14 @@ class RecModel:
             return network(*data, training=training)
         return network(data, training=training)
 
-    def _loss_and_logs(self, data, compiled) -> tuple[tf.Tensor, dict]:
+    def _loss_and_logs(self, data, compiled, resolved=False) -> tuple[tf.Tensor, dict]:
         if self.loss_fn is not None:
             features, label = data
             prediction = self._forward(features, True, compiled)
             loss = self.loss_fn(label, tf.cast(prediction, tf.float32))
             logs = {}
         else:
-            outputs = self._forward(data, True, compiled)
+            outputs = self._forward(data, True, compiled, resolved)
             if isinstance(outputs, dict):
                 logs = {k: tf.cast(v, tf.float32) for k, v in outputs.items() if k != "loss"}
                 loss = outputs["loss"]
@@ -255,7 +297,10 @@ class RecModel:
             loss += tf.add_n([tf.cast(x, tf.float32) for x in self.network.losses])
         return loss, logs
 
-    def _train_step(self, data, compiled) -> dict:
+    def _train_step(self, data, compiled, step: tf.Tensor | None = None) -> dict:
+        """One step on `data`; with `step` (its number, from 1), a worker's step of a
+        cluster: `data` is resolved, and the coordinator counts the steps and notes the
+        rows changed."""
         if self.optimizer is None:
             if getattr(self.network, "compiled", False):
                 logs = self.network.train_step(data)
@@ -267,13 +312,19 @@ class RecModel:
         variables = self.network.trainable_variables
         tables = self.row_tables()
         with tf.GradientTape() as tape:
-            loss, logs = self._loss_and_logs(data, compiled)
+            loss, logs = self._loss_and_logs(data, compiled, resolved=step is not None)
             scaled = self.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, variables + [table.embeddings for table in tables])
-        for table, gradient in zip(tables, gradients[len(variables) :], strict=True):
-            table.train_rows(gradient)
+        row_variables = [table.gradient_variables() for table in tables]
+        gradients = tape.gradient(scaled, variables + sum(row_variables, []))
+        rest = gradients[len(variables) :]
+        for table, held in zip(tables, row_variables, strict=True):
+            table.train_rows(rest[: len(held)], step, note_changes=step is None)
+            rest = rest[len(held) :]
+        if step is not None:  # the workers share the optimiser: the coordinator counts
+            self.optimizer.iterations.assign(tf.cast(step, tf.int64) - 1)
         self.optimizer.apply(gradients[: len(variables)], variables)
-        self.step.assign_add(1)
+        if step is None:
+            self.step.assign_add(1)
         return {"loss": loss, **logs}
 
     def _make_sink_call(self, stacked) -> Callable:
@@ -399,6 +450,7 @@ class RecModel:
                 if prefetcher is not None:
                     prefetcher.close()
                 gc.unfreeze()
+            logs.update(self.finish_steps())
             if epoch_index is not None:
                 callback_list.on_epoch_end(epoch_index, logs)
             callback_list.on_train_end(logs)
@@ -421,6 +473,12 @@ class RecModel:
 
     def _run_group(self, group: BatchGroup) -> dict:
         self._build_optimizer()
+        if self.cluster is not None:
+            batches = [
+                tf.nest.map_structure(lambda t, i=index: tf.convert_to_tensor(t[i]), group.stacked)
+                for index in range(group.num_steps)
+            ]
+            return self.cluster.run(batches)
         stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
         key = tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked))
         traced = key not in self._sink_calls

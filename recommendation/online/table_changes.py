@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import id_index, masks
+from recommendation.online import id_index, masks, row_shards
 
 _ROWS, _PENDING = "rows.", "pending."
 
@@ -65,7 +65,7 @@ class ChangeTracking:
         changes = {"slots": slots}
         for name, variable in self.row_variables().items():
             if name != "changed":
-                changes[_ROWS + name] = tf.gather(variable, slots)
+                changes[_ROWS + name] = row_shards.gather(variable, slots)
         if self.permit_filter_value > 1:
             keys, _ = id_index.live_entries(self._pending_changed, 1)
             values = tf.reshape(self._pending.lookup(keys), [-1, 2])
@@ -84,9 +84,7 @@ class ChangeTracking:
         end = self.allocated + 1
         slots = changes["slots"]
         for name, variable in self.row_variables().items():
-            have = tf.shape(variable, out_type=tf.int64)[0]
-            pad = tf.concat([[tf.maximum(end - have, 0)], tf.shape(variable)[1:]], 0)
-            variable.assign(tf.concat([variable[:end], tf.zeros(pad, variable.dtype)], 0))
+            row_shards.resize(variable, end)
             if name != "changed":
                 variable.scatter_update(tf.IndexedSlices(changes[_ROWS + name], slots))
         if self.permit_filter_value > 1:

@@ -1,0 +1,215 @@
+"""Online training on several machines: tf.distribute's parameter-server engine.
+
+The cluster is the one ``TF_CONFIG`` describes (the tf.distribute convention): a
+``chief`` (the coordinator: ``ncf-online`` itself), ``ps`` tasks and ``worker`` tasks,
+each a ``tf.distribute.Server`` (`serve`).
+
+- The ps tasks hold the model: each table's rows and their Adam moments are split over
+  them (`row_shards`: row r on task r mod N, so each holds 1/N of every table), the
+  dense weights and their slots are placed by `tf.distribute.ParameterServerStrategy`.
+- The coordinator keeps each table's index (id to row) and policy state, a few bytes
+  per id: it reads the stream, resolves each batch's ids to rows (admission, eviction,
+  the prequential test rows), and schedules the step on a worker with
+  `ClusterCoordinator.schedule`, sending the row numbers; it checkpoints, acknowledges
+  and exports after joining the steps in flight (`ClusterSteps.finish`), so a
+  checkpoint covers every step it counts.
+- Workers run the steps: gather the rows from the ps tasks, score, and apply the
+  gradients there (lazy Adam on the rows, Adam on the dense weights).
+
+Steps run asynchronously, as on any parameter server: up to `max_in_flight` steps at
+once, each computing its gradient on weights that the others may have moved. A row
+that the coordinator evicts or moves while a step in flight trains it may take that
+step's update to its new id, or lose it: the index itself is only ever changed by the
+coordinator, one step at a time, so every id has one row, on one task.
+
+A worker that dies is the coordinator's to handle: `ClusterCoordinator` runs its steps
+again on the others (a step may thus be applied twice: at least once). A ps task or
+the coordinator that dies ends the run with an `error:`; the same commands restart
+the cluster from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging
+
+TASK_TYPES = ("ps", "worker")
+
+
+class ClusterError(ValueError):
+    """TF_CONFIG does not describe a cluster this command can be part of."""
+
+
+def cluster_resolver() -> tf.distribute.cluster_resolver.TFConfigClusterResolver | None:
+    """The cluster of ``TF_CONFIG``, checked; None when there is none (one process)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ClusterError(f"TF_CONFIG is not JSON ({error}): fix the variable") from None
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not cluster:
+        raise ClusterError('TF_CONFIG has no "cluster": give {"cluster": ..., "task": ...}')
+    missing = [job for job in ("chief", "ps", "worker") if not cluster.get(job)]
+    if missing:
+        raise ClusterError(
+            f"TF_CONFIG's cluster has no {', '.join(missing)} task: online training needs "
+            'one "chief" (the ncf-online that trains), "ps" tasks and "worker" tasks'
+        )
+    if len(cluster["chief"]) != 1:
+        raise ClusterError(f"TF_CONFIG's cluster has {len(cluster['chief'])} chiefs: give one")
+    task = config.get("task")
+    if not isinstance(task, dict) or task.get("type") not in cluster:
+        raise ClusterError(
+            f'TF_CONFIG\'s "task" must name a job of the cluster ({", ".join(cluster)}) '
+            f"and an index, got {task!r}"
+        )
+    index = task.get("index", 0)
+    if not isinstance(index, int) or not 0 <= index < len(cluster[task["type"]]):
+        raise ClusterError(
+            f"TF_CONFIG's task index {index!r} is not one of the {len(cluster[task['type']])} "
+            f"{task['type']} tasks"
+        )
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def serve(task_type: str) -> None:
+    """Runs this process as the `task_type` server of TF_CONFIG's cluster, until killed.
+
+    Raises:
+        ClusterError: TF_CONFIG names no cluster, or another task for this process.
+    """
+    resolver = cluster_resolver()
+    if resolver is None:
+        raise ClusterError(
+            f"--serve_as {task_type} needs TF_CONFIG naming the cluster and this task: "
+            f'{{"cluster": {{...}}, "task": {{"type": "{task_type}", "index": N}}}}'
+        )
+    if resolver.task_type != task_type:
+        raise ClusterError(
+            f"--serve_as {task_type}, but TF_CONFIG's task is {resolver.task_type} "
+            f"{resolver.task_id}: make them agree"
+        )
+    try:
+        server = tf.distribute.Server(
+            resolver.cluster_spec(),
+            job_name=task_type,
+            task_index=resolver.task_id,
+            protocol="grpc",
+            start=True,
+        )
+    except tf.errors.UnknownError as error:  # the port is taken
+        address = resolver.cluster_spec().task_address(task_type, resolver.task_id)
+        raise ClusterError(
+            f"cannot serve {task_type} {resolver.task_id} at {address} "
+            f"({error.message.splitlines()[0]}): free the port or fix TF_CONFIG"
+        ) from None
+    logging.info("serving as %s %d at %s", task_type, resolver.task_id, server.target)
+    print(f"serving as {task_type} {resolver.task_id} at {server.target}", flush=True)
+    server.join()
+
+
+def connect(
+    resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver,
+) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
+    """The coordinator of `resolver`'s cluster (whose strategy is its ``strategy``).
+
+    Raises:
+        ClusterError: This process is not TF_CONFIG's chief.
+    """
+    if resolver.task_type != "chief":
+        raise ClusterError(
+            f"TF_CONFIG's task is {resolver.task_type} {resolver.task_id}: ncf-online trains "
+            "as the chief; start ps and worker tasks with --serve_as ps|worker"
+        )
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    return tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+def ps_devices(strategy: tf.distribute.Strategy) -> list[str]:
+    """One device per ps task, in task order."""
+    count = strategy.cluster_resolver.cluster_spec().num_tasks("ps")
+    return [f"/job:ps/replica:0/task:{index}/device:CPU:0" for index in range(count)]
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    return strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+
+
+class ClusterSteps:
+    """A RecModel's training steps on a cluster's workers (`RecModel.distribute`).
+
+    Args:
+        coordinator: The cluster's coordinator.
+        resolve: ``data -> (resolved, step)``: the coordinator's part of a step (ids
+            to rows, the step count); run here.
+        train: ``(resolved, step) -> logs``: a worker's part, run in a replica
+            context of the coordinator's strategy.
+        max_in_flight: Most steps scheduled and not finished; more waits for the
+            oldest (the stream is read no faster than the workers train).
+    """
+
+    def __init__(
+        self,
+        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+        resolve: Callable,
+        train: Callable,
+        max_in_flight: int,
+    ) -> None:
+        self.coordinator = coordinator
+        strategy = coordinator.strategy
+        self._resolve = tf.function(resolve, reduce_retracing=True)
+        self._train = tf.function(
+            lambda resolved, step: strategy.run(train, args=(resolved, step)),
+            reduce_retracing=True,
+        )
+        self.max_in_flight = max_in_flight
+        self._in_flight: list = []
+        self.last_logs: dict[str, float] = {}  # of the steps that finished last
+        # Seconds spent resolving (coordinator), scheduling and waiting for workers.
+        self.seconds = {"resolve": 0.0, "schedule": 0.0, "wait": 0.0}
+
+    def run(self, batches: list) -> dict[str, float]:
+        """Schedules one step per batch; returns the mean logs of the steps that
+        finished meanwhile (those of the last to finish before, when none did)."""
+        finished = []
+        for data in batches:
+            start = time.perf_counter()
+            resolved, step = self._resolve(data)
+            scheduled = time.perf_counter()
+            self._in_flight.append(self.coordinator.schedule(self._train, args=(resolved, step)))
+            done = time.perf_counter()
+            self.seconds["resolve"] += scheduled - start
+            self.seconds["schedule"] += done - scheduled
+            while len(self._in_flight) > self.max_in_flight:
+                finished.append(self._fetch_oldest())
+        return self._logs(finished)
+
+    def finish(self) -> dict[str, float]:
+        """Waits for every step in flight; returns their mean logs."""
+        start = time.perf_counter()
+        self.coordinator.join()
+        self.seconds["wait"] += time.perf_counter() - start
+        finished = [self._fetch_oldest() for _ in range(len(self._in_flight))]
+        return self._logs(finished)
+
+    def _logs(self, finished: list[dict]) -> dict[str, float]:
+        if finished:
+            self.last_logs = {
+                key: sum(float(logs[key]) for logs in finished) / len(finished)
+                for key in finished[0]
+            }
+        return dict(self.last_logs)
+
+    def _fetch_oldest(self) -> dict:
+        start = time.perf_counter()
+        logs = self._in_flight.pop(0).fetch()
+        self.seconds["wait"] += time.perf_counter() - start
+        return logs
