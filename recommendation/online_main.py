@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -192,9 +193,9 @@ def run(config: OnlineConfig) -> dict:
 
 def _run_holding_model_dir(config: OnlineConfig) -> dict:
     resolver = cluster.cluster_resolver()
-    coordinator = cluster.connect(resolver) if resolver else None
+    connection = cluster.connect(resolver) if resolver else None
     rec_model: RecModel = online_ncf.build_rec_model(
-        config.model, config.amp_level, config.boost_level, coordinator
+        config.model, config.amp_level, config.boost_level, connection
     )
     source = make_source(config)
     chosen = make_callbacks(config)
@@ -206,12 +207,12 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
             sink_size=config.sink_size,
         )
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
-        if coordinator is None:
+        if connection is None:
             raise
         raise cluster.ClusterError(
-            f"a task of the cluster stopped answering ({_first_line(error)}): restart it "
-            "and this command; training resumes from the last checkpoint, whose events "
-            "are the only ones acknowledged"
+            f"{cluster.lost_task(error)} stopped answering: restart it and this command; "
+            "training resumes from the last checkpoint, whose events are the only ones "
+            "acknowledged"
         ) from None
     finally:
         source.close()
@@ -229,10 +230,6 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
     if config.summary_file:
         atomic.write_file(config.summary_file, json.dumps(summary, sort_keys=True))
     return summary
-
-
-def _first_line(error: tf.errors.OpError) -> str:
-    return (error.message or type(error).__name__).strip().splitlines()[0]
 
 
 def _cluster_summary(rec_model: RecModel) -> dict | None:
@@ -495,7 +492,13 @@ def main(argv: list[str]) -> None:
     start = time.perf_counter()
     # Stop signals are RecModel's: it finishes the step, checkpoints and returns.
     with errors.exit_on_user_errors(redis.RedisError, ValueError, ModelDirError):
-        summary = run(config)
+        try:
+            summary = run(config)
+        except cluster.ClusterError as error:
+            # At once: tearing down the contexts on the cluster's tasks would only log
+            # the dead ones again, after the error line.
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            os._exit(1)
     logging.info("online training ran %.1f s", time.perf_counter() - start)
     print(summary_line(summary, config.model.top_k))
 

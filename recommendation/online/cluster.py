@@ -30,8 +30,10 @@ the cluster from the last checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 
@@ -42,7 +44,15 @@ TASK_TYPES = ("ps", "worker")
 
 
 class ClusterError(ValueError):
-    """TF_CONFIG does not describe a cluster this command can be part of."""
+    """TF_CONFIG does not describe a cluster this command can be part of, or a task of
+    the cluster is lost."""
+
+
+def lost_task(error: tf.errors.OpError) -> str:
+    """The task an error from the cluster names (``ps task 0``), or ``a task of the
+    cluster``."""
+    found = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", error.message or "")
+    return f"{found.group(1)} task {found.group(2)}" if found else "a task of the cluster"
 
 
 def cluster_resolver() -> tf.distribute.cluster_resolver.TFConfigClusterResolver | None:
@@ -116,10 +126,23 @@ def serve(task_type: str) -> None:
     server.join()
 
 
-def connect(
-    resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver,
-) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
-    """The coordinator of `resolver`'s cluster (whose strategy is its ``strategy``).
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """The coordinator's hold on its cluster.
+
+    Attributes:
+        coordinator: Schedules the steps (its ``strategy`` places the dense weights).
+        ps_devices: One device per ps task, in task order (the tables' shards).
+        num_workers: Worker tasks.
+    """
+
+    coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator
+    ps_devices: list[str]
+    num_workers: int
+
+
+def connect(resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver) -> Connection:
+    """Connects to `resolver`'s cluster as its coordinator.
 
     Raises:
         ClusterError: This process is not TF_CONFIG's chief.
@@ -129,18 +152,13 @@ def connect(
             f"TF_CONFIG's task is {resolver.task_type} {resolver.task_id}: ncf-online trains "
             "as the chief; start ps and worker tasks with --serve_as ps|worker"
         )
+    spec = resolver.cluster_spec()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
-    return tf.distribute.coordinator.ClusterCoordinator(strategy)
-
-
-def ps_devices(strategy: tf.distribute.Strategy) -> list[str]:
-    """One device per ps task, in task order."""
-    count = strategy.cluster_resolver.cluster_spec().num_tasks("ps")
-    return [f"/job:ps/replica:0/task:{index}/device:CPU:0" for index in range(count)]
-
-
-def num_workers(strategy: tf.distribute.Strategy) -> int:
-    return strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+    return Connection(
+        tf.distribute.coordinator.ClusterCoordinator(strategy),
+        [f"/job:ps/replica:0/task:{index}/device:CPU:0" for index in range(spec.num_tasks("ps"))],
+        spec.num_tasks("worker"),
+    )
 
 
 class ClusterSteps:

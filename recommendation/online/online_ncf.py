@@ -256,11 +256,13 @@ def _probe_batch(values) -> dict:
 
 
 def build_online_model(
-    params: OnlineParams, strategy: tf.distribute.Strategy | None = None
+    params: OnlineParams,
+    shard_devices: list[str] | None = None,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> OnlineNeuMF:
-    """OnlineNeuMF with its variables created (one forward pass, nothing admitted);
-    with a parameter-server `strategy`, the tables' rows split over its ps tasks and
-    the dense weights placed by it, the tables' index and state here."""
+    """OnlineNeuMF with its variables created (one forward pass, nothing admitted):
+    the tables' rows split over `shard_devices` (`HashEmbedding`), the dense weights
+    placed by `strategy`, the tables' index and state here."""
     model = OnlineNeuMF(
         params.user_capacity,
         params.item_capacity,
@@ -277,7 +279,7 @@ def build_online_model(
         params.user_eviction,
         params.item_eviction,
         params.admit_probability,
-        shard_devices=cluster.ps_devices(strategy) if strategy else None,
+        shard_devices=shard_devices,
     )
     # The strategy would place the tables' own variables too (on the ps tasks): they
     # are made above, outside its scope.
@@ -290,13 +292,17 @@ def build_rec_model(
     params: OnlineParams,
     amp_level: str = "O0",
     boost_level: str = "O0",
-    coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None = None,
+    connection: cluster.Connection | None = None,
+    shard_devices: list[str] | None = None,
 ) -> RecModel:
     """RecModel training OnlineNeuMF (which computes its own loss) with lazy Adam: it
     updates only the rows of each batch, the only sensible choice for large tables.
-    With a `coordinator`, on its cluster (`cluster`)."""
-    strategy = coordinator.strategy if coordinator else None
-    network = build_online_model(params, strategy)
+    On a cluster (`connection`) its steps run on the workers, the rows split over the
+    ps tasks (`cluster`); else the rows are split over `shard_devices`, if given."""
+    strategy = connection.coordinator.strategy if connection else None
+    if connection:
+        shard_devices = connection.ps_devices
+    network = build_online_model(params, shard_devices, strategy)
     with strategy.scope() if strategy else contextlib.nullcontext():
         optimizer = optimizers.LazyAdam(
             learning_rate=params.learning_rate,
@@ -307,10 +313,11 @@ def build_rec_model(
         if strategy:  # its slots on the ps tasks (the tables' moments: below)
             optimizer.build(network.trainable_variables)
     rec_model = RecModel(network, optimizer=optimizer, amp_level=amp_level, boost_level=boost_level)
-    if coordinator:
+    if connection:
         for table in rec_model.row_tables():
             table.attach_optimizer(optimizer)
-        rec_model.distribute(coordinator)
+        # Two steps a worker: one running, one sent, so that none waits for the next.
+        rec_model.distribute(connection.coordinator, 2 * connection.num_workers)
     return rec_model
 
 

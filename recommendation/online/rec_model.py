@@ -23,7 +23,7 @@ The semantics are MindSpore's, translated:
   trains; ``O2`` adds XLA compilation of the step (of the part after
   ``network.resolve``, where the network has one: hash-table lookups cannot be
   compiled). Measured effects: docs/benchmarks.md.
-- ``distribute(coordinator)`` (an addition): the steps run on the workers of a
+- ``distribute(coordinator, max_in_flight)`` (an addition): the steps run on the workers of a
   parameter-server cluster, the network's resolve stage here (`cluster`).
 - ``online_train(train_dataset, callbacks, dataset_sink_mode=True, sink_size=1)``
   runs until the dataset ends, a callback sets ``stop_training``, or SIGINT/SIGTERM
@@ -211,7 +211,7 @@ class RecModel:
     def distribute(
         self,
         coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
-        max_in_flight: int | None = None,
+        max_in_flight: int,
     ) -> None:
         """Runs the training steps on the workers of `coordinator`'s cluster: the
         network's ``resolve`` here, the rest of each step on a worker (`cluster`). The
@@ -234,8 +234,7 @@ class RecModel:
         def train(resolved, step):
             return self._train_step(resolved, None, step)
 
-        in_flight = max_in_flight or 2 * cluster.num_workers(coordinator.strategy)
-        self.cluster = cluster.ClusterSteps(coordinator, resolve_step, train, in_flight)
+        self.cluster = cluster.ClusterSteps(coordinator, resolve_step, train, max_in_flight)
 
     def finish_steps(self) -> dict[str, float]:
         """Waits for the steps in flight on a cluster; their mean logs ({} in one

@@ -1,0 +1,303 @@
+"""Online training on a parameter-server cluster: rows split over devices (in one
+process), TF_CONFIG checks, and a loopback cluster of real processes (2 ps, 2
+workers, a real Redis) whose tasks are killed with SIGKILL in turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_online_main import (
+    MODEL_FLAGS,
+    _entry_key,
+    _events,
+    _lines,
+    _Publisher,
+    _stream_ids,
+    _wait_for,
+)
+
+from recommendation.online import callbacks, cluster, online_ncf
+from recommendation.online.cluster import ClusterError
+from recommendation.online.row_shards import RowShards
+
+CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+PARAMS = online_ncf.OnlineParams(
+    user_capacity=64,
+    item_capacity=32,
+    mf_dim=4,
+    layers=(8, 4),
+    mlp_regularization=(0.0, 0.0),
+    prequential_events=8,
+    prequential_negatives=5,
+)
+
+
+def test_row_shards_put_row_r_on_shard_r_mod_n():
+    rows = RowShards(tf.constant([[0.0], [1.0], [2.0], [3.0], [4.0]]), "rows", [CPU] * 2)
+    assert [shard.numpy().ravel().tolist() for shard in rows.shards] == [[0, 2, 4], [1, 3]]
+    assert rows.gather(tf.constant([3, 0, 4, 1], tf.int64)).numpy().ravel().tolist() == [3, 0, 4, 1]
+    rows.scatter_update(tf.IndexedSlices(tf.constant([[30.0], [10.0]]), tf.constant([3, 1])))
+    rows.resize(tf.constant(7, tf.int64))  # two zero rows: 5 on shard 1, 6 on shard 0
+    assert [shard.numpy().ravel().tolist() for shard in rows.shards] == [[0, 2, 4, 0], [10, 30, 0]]
+    rows.resize(tf.constant(3, tf.int64))
+    assert [shard.numpy().ravel().tolist() for shard in rows.shards] == [[0, 2], [10]]
+    assert rows.rows_held() == [2, 1]
+
+
+def _batches(count: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "user_id": tf.constant(rng.integers(0, 200, 32)),
+            "item_id": tf.constant(rng.integers(0, 80, 32)),
+        }
+        for _ in range(count)
+    ]
+
+
+def _trained(shard_devices, model_dir=None) -> tuple[dict, online_ncf.RecModel]:
+    tf.keras.utils.set_random_seed(1)
+    rec_model = online_ncf.build_rec_model(PARAMS, shard_devices=shard_devices)
+    chosen = []
+    if model_dir:  # a full checkpoint every 3, deltas between
+        chosen.append(callbacks.CheckpointCallback(model_dir, every_steps=4, full_every=3))
+    summary = rec_model.online_train(_batches(44), chosen, sink_size=2)
+    return summary["logs"], rec_model
+
+
+def _rows(table) -> np.ndarray:
+    return np.asarray(table.serving_state().rows.read_value())
+
+
+def test_rows_split_over_three_devices_train_exactly_as_one_table(tmp_path):
+    logs, whole = _trained(None)
+    split_logs, split = _trained([CPU] * 3, str(tmp_path / "model"))
+    assert split_logs == logs
+    for name in ("user_embedding", "item_embedding"):
+        one, three = getattr(whole.network, name), getattr(split.network, name)
+        whole.trim_tables()
+        split.trim_tables()
+        np.testing.assert_array_equal(_rows(three), _rows(one))
+        for moment, moments in zip(one.moments, three.moments, strict=True):
+            np.testing.assert_array_equal(
+                moments.gather(tf.range(three.size + 1)), moment.read_value()
+            )
+    # 32 item rows (the item table is full): rows 3..30, 1..31 and 2..32 by shard.
+    assert split.network.item_embedding.rows_per_shard() == [10, 11, 11]
+    users = split.network.user_embedding
+    assert sum(users.rows_per_shard()) == int(users.size.numpy())
+    # What a server reads: the same scores.
+    ids = tf.constant([0, 5, 17, 199, 12345], tf.int64)
+    modules = [online_ncf.serving(model)[0] for model in (whole, split)]
+    scores = [module.serve(ids, ids)["scores"] for module in modules]
+    np.testing.assert_array_equal(scores[1], scores[0])
+
+    # Its checkpoints (full and deltas) restore the split rows as they were.
+    restored = online_ncf.build_rec_model(PARAMS, shard_devices=[CPU] * 3)
+    checkpoint = callbacks.CheckpointCallback(str(tmp_path / "model"), every_steps=4)
+    checkpoint.set_rec_model(restored)
+    checkpoint.on_train_begin()
+    assert os.path.basename(checkpoint.restored_from).startswith("delta-")
+    assert callbacks.table_digest(restored.network) == callbacks.table_digest(split.network)
+    for name in ("user_embedding", "item_embedding"):
+        np.testing.assert_array_equal(
+            _rows(getattr(restored.network, name)), _rows(getattr(split.network, name))
+        )
+
+
+@pytest.mark.parametrize(
+    "tf_config, message",
+    [
+        ("{oops", "TF_CONFIG is not JSON"),
+        ('{"task": {"type": "chief"}}', 'TF_CONFIG has no "cluster"'),
+        (
+            '{"cluster": {"chief": ["h:1"], "worker": ["h:2"]}, "task": {"type": "chief"}}',
+            "TF_CONFIG's cluster has no ps task",
+        ),
+        (
+            '{"cluster": {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3"]}, '
+            '"task": {"type": "ps", "index": 1}}',
+            "TF_CONFIG's task index 1 is not one of the 1 ps tasks",
+        ),
+        (
+            '{"cluster": {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3"]}, '
+            '"task": {"type": "evaluator"}}',
+            'TF_CONFIG\'s "task" must name a job of the cluster',
+        ),
+    ],
+)
+def test_a_tf_config_that_names_no_usable_cluster_is_refused(monkeypatch, tf_config, message):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(ClusterError, match=re.escape(message)):
+        cluster.cluster_resolver()
+
+
+def test_without_tf_config_there_is_no_cluster(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cluster.cluster_resolver() is None
+    with pytest.raises(ClusterError, match="--serve_as ps needs TF_CONFIG"):
+        cluster.serve("ps")
+
+
+# -- a loopback cluster of real processes --------------------------------------
+
+
+class _Cluster:
+    """2 ps and 2 worker tasks (``ncf-online --serve_as``) and the chief's TF_CONFIG."""
+
+    def __init__(self, tmp_path, ports) -> None:
+        self.tmp_path = tmp_path
+        addresses = [f"localhost:{port}" for port in ports]
+        self.spec = {"chief": addresses[:1], "ps": addresses[1:3], "worker": addresses[3:5]}
+        self.tasks: dict[tuple[str, int], subprocess.Popen] = {}
+
+    def tf_config(self, kind: str, index: int) -> str:
+        return json.dumps({"cluster": self.spec, "task": {"type": kind, "index": index}})
+
+    def start(self, kind: str, index: int) -> None:
+        log = open(self.tmp_path / f"{kind}{index}.log", "a")
+        self.tasks[kind, index] = subprocess.Popen(
+            [sys.executable, "-m", "recommendation.online_main", f"--serve_as={kind}"],
+            env={**os.environ, "TF_CONFIG": self.tf_config(kind, index)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self, kind: str, index: int) -> None:
+        os.kill(self.tasks[kind, index].pid, signal.SIGKILL)
+        self.tasks[kind, index].wait()
+
+    def trainer(self, name: str, *flags: str) -> tuple[subprocess.Popen, str]:
+        out = self.tmp_path / f"{name}.out"
+        with open(out, "w") as stdout, open(self.tmp_path / f"{name}.err", "w") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "recommendation.online_main", *MODEL_FLAGS, *flags],
+                env={**os.environ, "TF_CONFIG": self.tf_config("chief", 0)},
+                stdout=stdout,
+                stderr=stderr,
+            )
+        return process, str(out)
+
+    def stop(self) -> None:
+        for process in self.tasks.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("localhost", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _checkpoint(model_dir) -> tuple[str, tf.train.CheckpointReader]:
+    path = tf.train.latest_checkpoint(str(model_dir))
+    return path, tf.train.load_checkpoint(path)
+
+
+def _position(reader: tf.train.CheckpointReader) -> str:
+    return json.loads(reader.get_tensor("position/.ATTRIBUTES/VARIABLE_VALUE"))["id"]
+
+
+@pytest.mark.integration
+def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed(
+    redis_server, tmp_path
+):
+    """SIGKILL a worker (the trainer goes on), then a ps task (the trainer stops with
+    an error; both restarted), then the trainer (restarted): every event is trained,
+    none before a restored checkpoint again, and every id is on one ps task."""
+    model_dir = tmp_path / "model"
+    flags = [
+        f"--redis_url={redis_server.url}",
+        f"--model_dir={model_dir}",
+        "--checkpoint_every_steps=10",
+        "--checkpoint_every_secs=600",
+        "--full_checkpoint_every=1",
+    ]
+    client = redis_server.client()
+    tasks = _Cluster(tmp_path, _free_ports(5))
+    try:
+        for kind in ("ps", "worker"):
+            for index in range(2):
+                tasks.start(kind, index)
+        audits = [tmp_path / f"trained{run}.txt" for run in range(3)]
+        first, out = tasks.trainer("first", *flags, f"--trained_events_log={audits[0]}")
+        _Publisher(redis_server, _events(1500, seed=0), rate=1e6).run()
+        _wait_for(lambda: len(_lines(audits[0])) >= 1500, what="1,500 events", process=first)
+        tasks.kill("worker", 1)
+        _Publisher(redis_server, _events(1500, seed=1), rate=1e6).run()
+        _wait_for(
+            lambda: len(set(_lines(audits[0]))) >= 3000,
+            what="training on one worker",
+            process=first,
+        )
+        tasks.kill("ps", 0)
+        _Publisher(redis_server, _events(500, seed=2), rate=1e6).run()
+        assert first.wait(timeout=240) == 1
+        error = open(tmp_path / "first.err").read().splitlines()[-1]
+        assert re.match(r"error: (ps|worker) task \d stopped answering: restart it", error), error
+        assert error.endswith(
+            "training resumes from the last checkpoint, whose events are the only ones acknowledged"
+        )
+
+        tasks.start("ps", 0)
+        tasks.start("worker", 1)
+        _, reader = _checkpoint(model_dir)
+        restored_at = [_position(reader)]
+        second, _ = tasks.trainer("second", *flags, f"--trained_events_log={audits[1]}")
+        _Publisher(redis_server, _events(1500, seed=3), rate=1e6).run()
+        _wait_for(lambda: len(_lines(audits[1])) >= 1000, what="a restarted run", process=second)
+        os.kill(second.pid, signal.SIGKILL)
+        second.wait()
+        _, reader = _checkpoint(model_dir)
+        restored_at.append(_position(reader))
+        third, out = tasks.trainer(
+            "third", *flags, f"--trained_events_log={audits[2]}", "--idle_timeout_secs=3"
+        )
+        assert third.wait(timeout=240) == 0, open(tmp_path / "third.err").read()[-3000:]
+        text = open(out).read()
+    finally:
+        tasks.stop()
+
+    events = _stream_ids(client)
+    trained = [_lines(audit) for audit in audits]
+    assert set(events) == set().union(*trained)  # every event trained at least once
+    # A restarted run is handed the events after its checkpoint, none before it.
+    for run, position in zip(trained[1:], restored_at, strict=True):
+        assert run and min(_entry_key(i) for i in run) > _entry_key(position)
+    assert sorted(trained[2]) == sorted(
+        i for i in events if _entry_key(i) > _entry_key(restored_at[1])
+    )
+    assert client.xpending("events", "trainer")["pending"] == 0  # all acknowledged
+    # The final checkpoint: every admitted id holds one row, on one ps task, 1/2 each.
+    _, reader = _checkpoint(model_dir)
+    shards = re.search(
+        r"rows per ps task: users ([\d,]+) / ([\d,]+), items ([\d,]+) / ([\d,]+)", text
+    )
+    assert shards, text
+    for table, counts in (("user", shards.group(1, 2)), ("item", shards.group(3, 4))):
+        prefix = f"network/{table}_embedding/"
+        size = int(reader.get_tensor(prefix + "size/.ATTRIBUTES/VARIABLE_VALUE"))
+        keys = reader.get_tensor(prefix + "slot_keys/.ATTRIBUTES/VARIABLE_VALUE")[1 : size + 1]
+        assert len(set(keys.tolist())) == size > 0
+        held = [
+            reader.get_tensor(f"{prefix}embeddings/shards/{index}/.ATTRIBUTES/VARIABLE_VALUE")
+            for index in range(2)
+        ]
+        assert [len(rows) for rows in held] == [size // 2 + 1, (size + 1) // 2]  # row 0 too
+        assert [int(count.replace(",", "")) for count in counts] == [size // 2, (size + 1) // 2]
