@@ -234,7 +234,7 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
 
 def _cluster_summary(rec_model: RecModel) -> dict | None:
     """On a cluster: each table's live rows on each ps task, and the coordinator's
-    seconds resolving, scheduling and waiting for the workers."""
+    milliseconds a step resolving, scheduling and waiting for the workers."""
     if rec_model.cluster is None:
         return None
     network = rec_model.network
@@ -243,7 +243,7 @@ def _cluster_summary(rec_model: RecModel) -> dict | None:
             "user": network.user_embedding.rows_per_shard(),
             "item": network.item_embedding.rows_per_shard(),
         },
-        "seconds": dict(rec_model.cluster.seconds),
+        "ms_per_step": rec_model.cluster.ms_per_step(),
     }
 
 

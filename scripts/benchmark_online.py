@@ -19,6 +19,13 @@ other ratings into a stream in timestamp order, and measures
   --capacity sets both tables' capacity (default: the trainer's), which must hold
   them. The line also gives the live ids at the end and the mean export and
   checkpoint seconds;
+- cluster: the trainer on a loopback parameter-server cluster (``--serve_as`` tasks
+  of one TF_CONFIG: 2 ps tasks and 1, then 2 workers) beside the one-process trainer
+  on the same --cluster_events events, taking turns (--repeats rounds): events/s and
+  ratio, where the coordinator's time goes per step of --cluster_batch_size events
+  (resolving ids to rows, scheduling, waiting for the workers, the first step left
+  out; the rest of a step's share of the sustained rate: reading the stream, callbacks)
+  and the rows on each ps task;
 - accuracy: the prequential HR@10 curve of the full pass, then HR@10 of the final
   export against the 999 negatives, beside offline NeuMF trained for
   --offline_epochs epoch(s) with the same network on the same split (ratio).
@@ -102,8 +109,12 @@ flags.DEFINE_list(
     "parts",
     ["throughput", "full_pass", "freshness", "offline"],
     "What to measure: throughput, full_pass (with the export's HR@10), freshness, "
-    "offline (beside the full pass only).",
+    "offline (beside the full pass only), cluster.",
 )
+flags.DEFINE_integer("cluster_events", 300_000, "Events per run of the cluster part.")
+flags.DEFINE_integer("cluster_batch_size", 4096, "Events per step of the cluster part.")
+flags.DEFINE_list("cluster_workers", ["1", "2"], "Worker counts of the cluster runs.")
+flags.DEFINE_integer("cluster_ps", 2, "Ps tasks of the cluster runs.")
 flags.mark_flag_as_required("ratings")
 flags.register_validator("live_ids", lambda value: value >= 0, "--live_ids must not be negative")
 flags.register_validator(
@@ -272,6 +283,97 @@ def _throughput(redis_url: str, work_dir: str, events: int) -> dict[tuple[str, s
         }
         for run in runs
     }
+
+
+def _tf_config(spec: dict, kind: str, index: int) -> str:
+    return json.dumps({"cluster": spec, "task": {"type": kind, "index": index}})
+
+
+def _cluster_run(redis_url: str, work_dir: str, group: str, events: int, workers: int) -> dict:
+    """One trainer on a fresh loopback cluster of --cluster_ps ps tasks and `workers`
+    workers (``online_main --serve_as``), or alone when `workers` is 0."""
+    addresses = [f"localhost:{_free_port()}" for _ in range(1 + FLAGS.cluster_ps + workers)]
+    spec = {"chief": addresses[:1], "ps": addresses[1 : 1 + FLAGS.cluster_ps]}
+    spec["worker"] = addresses[1 + FLAGS.cluster_ps :]
+    servers = []
+    environment = dict(os.environ)
+    if workers:
+        for kind in ("ps", "worker"):
+            for index in range(len(spec[kind])):
+                log = open(os.path.join(work_dir, f"{group}-{kind}{index}.log"), "w")
+                servers.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "recommendation.online_main", f"--serve_as={kind}"],
+                        cwd=ROOT,
+                        env={**environment, "TF_CONFIG": _tf_config(spec, kind, index)},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        os.environ["TF_CONFIG"] = _tf_config(spec, "chief", 0)
+    try:
+        process = _trainer(
+            redis_url,
+            "train",
+            group,
+            work_dir,
+            f"--max_events={events}",
+            f"--batch_size={FLAGS.cluster_batch_size}",
+            "--idle_timeout_secs=5",
+        )
+    finally:
+        os.environ.pop("TF_CONFIG", None)
+    process.wait()
+    for server in servers:
+        server.kill()
+        server.wait()
+    if process.returncode:
+        sys.exit(f"error: the {group} trainer failed: see {work_dir}/{group}.log")
+    return _summary(work_dir, group)
+
+
+def _cluster_runs(redis_url: str, work_dir: str, events: int) -> dict[int, list[dict]]:
+    """Summaries of the one-process trainer (0 workers) and of the cluster with each
+    of --cluster_workers workers, taking turns for --repeats rounds."""
+    counts = [0, *(int(count) for count in FLAGS.cluster_workers)]
+    runs: dict[int, list[dict]] = {count: [] for count in counts}
+    for round_index in range(FLAGS.repeats):
+        for count in counts:
+            group = f"cluster-{count}-{round_index}"
+            runs[count].append(_cluster_run(redis_url, work_dir, group, events, count))
+            logging.info("%d workers: %.0f events/s", count, _sustained(runs[count][-1]))
+    return runs
+
+
+def _print_cluster(runs: dict[int, list[dict]]) -> None:
+    base = float(np.mean([_sustained(summary) for summary in runs[0]]))
+    print(
+        f"cluster on loopback: {FLAGS.cluster_ps} ps tasks, events/s sustained (mean of "
+        f"{FLAGS.repeats} interleaved runs), the coordinator's ms per step"
+    )
+    print(
+        "trainer                   | events/s | vs one process | resolve | schedule | "
+        "wait | rest | rows per ps task (users; items)"
+    )
+    print("-" * 26 + "+----------+----------------+---------+----------+------+------+" + "-" * 32)
+    for count, summaries in runs.items():
+        rate = float(np.mean([_sustained(summary) for summary in summaries]))
+        label = "one process (O1)" if count == 0 else f"{count} worker(s)"
+        parts = "       - |        - |    - |    - | -"
+        if count:
+            ms = {
+                key: float(np.mean([run["cluster"]["ms_per_step"][key] for run in summaries]))
+                for key in ("resolve", "schedule", "wait")
+            }
+            rest = 1e3 * FLAGS.cluster_batch_size / rate - sum(ms.values())
+            rows = summaries[-1]["cluster"]["rows_per_ps"]
+            shards = "; ".join(" / ".join(f"{n:,}" for n in rows[t]) for t in ("user", "item"))
+            parts = (
+                f"{ms['resolve']:7.1f} | {ms['schedule']:8.1f} | {ms['wait']:4.1f} | "
+                f"{rest:4.1f} | {shards}"
+            )
+        print(f"{label:25} | {rate:8,.0f} | {rate / base:13.2f}x | {parts}")
+    print()
 
 
 def _full_pass(redis_url: str, work_dir: str) -> tuple[dict, str, str]:
@@ -614,7 +716,7 @@ def _print_accuracy(full, full_hr: float, offline) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    unknown = set(FLAGS.parts) - {"throughput", "full_pass", "freshness", "offline"}
+    unknown = set(FLAGS.parts) - {"throughput", "full_pass", "freshness", "offline", "cluster"}
     if unknown:
         sys.exit(f"error: unknown --parts {sorted(unknown)}")
     _trees()  # checks --trees before anything runs
@@ -628,7 +730,7 @@ def main(argv: list[str]) -> None:
     print(cpu)
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
     server, redis_url = _start_redis(work_dir)
-    throughput, full, full_hr, fresh = {}, None, None, None
+    throughput, full, full_hr, fresh, clustered = {}, None, None, None, None
     try:
         start = time.perf_counter()
         replay_events.replay(
@@ -645,6 +747,8 @@ def main(argv: list[str]) -> None:
             full_hr = _hit_rate(full[1], data, blocks)
         if "freshness" in FLAGS.parts:
             fresh = _freshness(redis_url, work_dir, train_events)
+        if "cluster" in FLAGS.parts:
+            clustered = _cluster_runs(redis_url, work_dir, FLAGS.cluster_events)
     finally:
         server.terminate()
         server.wait()
@@ -662,6 +766,8 @@ def main(argv: list[str]) -> None:
         _print_freshness(fresh)
         if FLAGS.plot_dir:
             _plot_freshness(fresh, FLAGS.plot_dir, cpu)
+    if clustered is not None:
+        _print_cluster(clustered)
     if full is not None:
         _print_accuracy(full, full_hr, offline)
     print(f"end: load average {_load()}")

@@ -191,8 +191,10 @@ class ClusterSteps:
         self.max_in_flight = max_in_flight
         self._in_flight: list = []
         self.last_logs: dict[str, float] = {}  # of the steps that finished last
-        # Seconds spent resolving (coordinator), scheduling and waiting for workers.
+        # Seconds spent resolving, scheduling and waiting for the workers, over the
+        # steps after the first (whose tracing would swamp them), and those steps.
         self.seconds = {"resolve": 0.0, "schedule": 0.0, "wait": 0.0}
+        self.timed_steps = -1
 
     def run(self, batches: list) -> dict[str, float]:
         """Schedules one step per batch; returns the mean logs of the steps that
@@ -204,8 +206,10 @@ class ClusterSteps:
             scheduled = time.perf_counter()
             self._in_flight.append(self.coordinator.schedule(self._train, args=(resolved, step)))
             done = time.perf_counter()
-            self.seconds["resolve"] += scheduled - start
-            self.seconds["schedule"] += done - scheduled
+            self.timed_steps += 1
+            if self.timed_steps:
+                self.seconds["resolve"] += scheduled - start
+                self.seconds["schedule"] += done - scheduled
             while len(self._in_flight) > self.max_in_flight:
                 finished.append(self._fetch_oldest())
         return self._logs(finished)
@@ -214,7 +218,7 @@ class ClusterSteps:
         """Waits for every step in flight; returns their mean logs."""
         start = time.perf_counter()
         self.coordinator.join()
-        self.seconds["wait"] += time.perf_counter() - start
+        self._waited(start)
         finished = [self._fetch_oldest() for _ in range(len(self._in_flight))]
         return self._logs(finished)
 
@@ -229,5 +233,15 @@ class ClusterSteps:
     def _fetch_oldest(self) -> dict:
         start = time.perf_counter()
         logs = self._in_flight.pop(0).fetch()
-        self.seconds["wait"] += time.perf_counter() - start
+        self._waited(start)
         return logs
+
+    def _waited(self, start: float) -> None:
+        if self.timed_steps > 0:
+            self.seconds["wait"] += time.perf_counter() - start
+
+    def ms_per_step(self) -> dict[str, float]:
+        """Mean milliseconds a step spent resolving, scheduling and waiting (the first
+        step left out)."""
+        steps = max(self.timed_steps, 1)
+        return {key: 1e3 * value / steps for key, value in self.seconds.items()}
