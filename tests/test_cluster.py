@@ -24,7 +24,7 @@ from test_online_main import (
     _wait_for,
 )
 
-from recommendation.online import callbacks, cluster, online_ncf
+from recommendation.online import callbacks, cluster, online_ncf, versioned_export
 from recommendation.online.cluster import ClusterError
 from recommendation.online.row_shards import RowShards
 
@@ -63,10 +63,11 @@ def _batches(count: int) -> list[dict]:
     ]
 
 
-def _trained(shard_devices, model_dir=None) -> tuple[dict, online_ncf.RecModel]:
+def _trained(shard_devices, folder, model_dir=None) -> tuple[dict, online_ncf.RecModel]:
     tf.keras.utils.set_random_seed(1)
     rec_model = online_ncf.build_rec_model(PARAMS, shard_devices=shard_devices)
-    chosen = []
+    # Exports every 4 steps: the first one's tables are a fraction of the last's.
+    chosen = [callbacks.ExportCallback(str(folder), online_ncf.serving, every_steps=4, keep=1)]
     if model_dir:  # a full checkpoint every 3, deltas between
         chosen.append(callbacks.CheckpointCallback(model_dir, every_steps=4, full_every=3))
     summary = rec_model.online_train(_batches(44), chosen, sink_size=2)
@@ -78,8 +79,8 @@ def _rows(table) -> np.ndarray:
 
 
 def test_rows_split_over_three_devices_train_exactly_as_one_table(tmp_path):
-    logs, whole = _trained(None)
-    split_logs, split = _trained([CPU] * 3, str(tmp_path / "model"))
+    logs, whole = _trained(None, tmp_path / "whole")
+    split_logs, split = _trained([CPU] * 3, tmp_path / "split", str(tmp_path / "model"))
     assert split_logs == logs
     for name in ("user_embedding", "item_embedding"):
         one, three = getattr(whole.network, name), getattr(split.network, name)
@@ -94,10 +95,18 @@ def test_rows_split_over_three_devices_train_exactly_as_one_table(tmp_path):
     assert split.network.item_embedding.rows_per_shard() == [10, 11, 11]
     users = split.network.user_embedding
     assert sum(users.rows_per_shard()) == int(users.size.numpy())
-    # What a server reads: the same scores.
-    ids = tf.constant([0, 5, 17, 199, 12345], tf.int64)
-    modules = [online_ncf.serving(model)[0] for model in (whole, split)]
-    scores = [module.serve(ids, ids)["scores"] for module in modules]
+    # What a server reads, in the last export: the same scores.
+    held = [
+        getattr(split.network, name).contents()[0][:4]
+        for name in ("user_embedding", "item_embedding")
+    ]
+    users, items = (tf.concat([keys, tf.constant([12345], tf.int64)], 0) for keys in held)
+    scores = []
+    for folder in ("whole", "split"):
+        latest = versioned_export.latest_export(str(tmp_path / folder))
+        serve = tf.saved_model.load(latest).signatures["serving_default"]
+        scores.append(serve(user_id=users, item_id=items)["scores"].numpy())
+    assert os.path.basename(latest) == "44" and len(set(scores[0].tolist())) == 5
     np.testing.assert_array_equal(scores[1], scores[0])
 
     # Its checkpoints (full and deltas) restore the split rows as they were.

@@ -149,7 +149,8 @@ class ExportCallback(_Periodic):
 
     Args:
         export_base: Folder of versions.
-        serving: ``rec_model -> (module, signatures)``: what to save.
+        serving: ``rec_model -> (module, signatures)``: what to save; a module's
+            ``refresh()``, if it has one, runs before each export.
         every_steps, every_seconds: Export cadence.
         keep: Versions kept.
     """
@@ -181,6 +182,9 @@ class ExportCallback(_Periodic):
             self._exporter = versioned_export.Exporter(
                 self.export_base, module, signatures, self.keep
             )
+        refresh = getattr(self._exporter.module, "refresh", None)
+        if refresh is not None:  # copies of what it saves (sharded rows gathered)
+            refresh()
         with self.failures.guard():
             path = self._exporter.export(step, {"step": step, "position": rec_model.position})
             self.exported.append(path)

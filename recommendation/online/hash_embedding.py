@@ -382,8 +382,15 @@ class HashEmbedding(Admission, ChangeTracking, keras.layers.Layer):
         if isinstance(self.embeddings, RowShards):
             # One variable, gathered from the shards: a server needs no cluster.
             rows = self.embeddings.gather(tf.range(self.size + 1))
-            state.rows = tf.Variable(rows, trainable=False, name="embeddings")
+            shape = tf.TensorShape([None, self.embedding_size])
+            state.rows = tf.Variable(rows, shape=shape, trainable=False, name="embeddings")
         return state
+
+    def refresh_serving_state(self, state: tf.Module) -> None:
+        """Brings `state` (`serving_state`) up to date before an export: a copy of
+        sharded rows is gathered again (one variable is the rows themselves)."""
+        if state.rows is not self.embeddings:
+            state.rows.assign(self.embeddings.gather(tf.range(self.size + 1)))
 
     def serving_rows(self, state: tf.Module, ids: tf.Tensor) -> tf.Tensor:
         """Rows of `ids` (`(n,)`) read from `state` (`serving_state`): the rows the

@@ -340,6 +340,12 @@ def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
             ]
             self.layers = [network.gmf, *network.mlp, network.logit]
 
+        def refresh(self) -> None:
+            """Before each export: the tables' serving copies brought up to date."""
+            tables = (network.user_embedding, network.item_embedding)
+            for table, state in zip(tables, self.tables, strict=True):
+                table.refresh_serving_state(state)
+
         @tf.function(
             input_signature=[
                 tf.TensorSpec([None], tf.int64, constants.USER_COLUMN),
