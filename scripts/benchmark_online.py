@@ -26,6 +26,9 @@ other ratings into a stream in timestamp order, and measures
   (resolving ids to rows, scheduling, waiting for the workers, the first step left
   out; the rest of a step's share of the sustained rate: reading the stream, callbacks)
   and the rows on each ps task;
+- capacity: --capacity_ids events of as many new users trained on clusters of 1, 2
+  and 4 ps tasks (--capacity_ps) and one worker: the user rows each ps task holds and
+  its peak RSS, so that the split of the model shows in memory;
 - accuracy: the prequential HR@10 curve of the full pass, then HR@10 of the final
   export against the 999 negatives, beside offline NeuMF trained for
   --offline_epochs epoch(s) with the same network on the same split (ratio).
@@ -109,12 +112,14 @@ flags.DEFINE_list(
     "parts",
     ["throughput", "full_pass", "freshness", "offline"],
     "What to measure: throughput, full_pass (with the export's HR@10), freshness, "
-    "offline (beside the full pass only), cluster.",
+    "offline (beside the full pass only), cluster, capacity.",
 )
 flags.DEFINE_integer("cluster_events", 300_000, "Events per run of the cluster part.")
 flags.DEFINE_integer("cluster_batch_size", 4096, "Events per step of the cluster part.")
 flags.DEFINE_list("cluster_workers", ["1", "2"], "Worker counts of the cluster runs.")
 flags.DEFINE_integer("cluster_ps", 2, "Ps tasks of the cluster runs.")
+flags.DEFINE_integer("capacity_ids", 1_000_000, "New users of the capacity part's stream.")
+flags.DEFINE_list("capacity_ps", ["1", "2", "4"], "Ps task counts of the capacity runs.")
 flags.mark_flag_as_required("ratings")
 flags.register_validator("live_ids", lambda value: value >= 0, "--live_ids must not be negative")
 flags.register_validator(
@@ -289,12 +294,28 @@ def _tf_config(spec: dict, kind: str, index: int) -> str:
     return json.dumps({"cluster": spec, "task": {"type": kind, "index": index}})
 
 
-def _cluster_run(redis_url: str, work_dir: str, group: str, events: int, workers: int) -> dict:
-    """One trainer on a fresh loopback cluster of --cluster_ps ps tasks and `workers`
-    workers (``online_main --serve_as``), or alone when `workers` is 0."""
-    addresses = [f"localhost:{_free_port()}" for _ in range(1 + FLAGS.cluster_ps + workers)]
-    spec = {"chief": addresses[:1], "ps": addresses[1 : 1 + FLAGS.cluster_ps]}
-    spec["worker"] = addresses[1 + FLAGS.cluster_ps :]
+def _peak_rss_mb(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM), MB."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def _cluster_run(
+    redis_url: str,
+    work_dir: str,
+    group: str,
+    events: int,
+    workers: int,
+    ps: int,
+    stream: str = "train",
+    extra: tuple[str, ...] = (),
+) -> tuple[dict, list[float]]:
+    """One trainer on a fresh loopback cluster of `ps` ps tasks and `workers` workers
+    (``online_main --serve_as``), or alone when `workers` is 0: its summary, and each
+    ps task's peak RSS in MB at its end."""
+    addresses = [f"localhost:{_free_port()}" for _ in range(1 + ps + workers)]
+    spec = {"chief": addresses[:1], "ps": addresses[1 : 1 + ps], "worker": addresses[1 + ps :]}
     servers = []
     environment = dict(os.environ)
     if workers:
@@ -314,22 +335,24 @@ def _cluster_run(redis_url: str, work_dir: str, group: str, events: int, workers
     try:
         process = _trainer(
             redis_url,
-            "train",
+            stream,
             group,
             work_dir,
             f"--max_events={events}",
             f"--batch_size={FLAGS.cluster_batch_size}",
             "--idle_timeout_secs=5",
+            *extra,
         )
     finally:
         os.environ.pop("TF_CONFIG", None)
     process.wait()
+    peaks = [_peak_rss_mb(server.pid) for server in servers[:ps] if workers]
     for server in servers:
         server.kill()
         server.wait()
     if process.returncode:
         sys.exit(f"error: the {group} trainer failed: see {work_dir}/{group}.log")
-    return _summary(work_dir, group)
+    return _summary(work_dir, group), peaks
 
 
 def _cluster_runs(redis_url: str, work_dir: str, events: int) -> dict[int, list[dict]]:
@@ -340,9 +363,51 @@ def _cluster_runs(redis_url: str, work_dir: str, events: int) -> dict[int, list[
     for round_index in range(FLAGS.repeats):
         for count in counts:
             group = f"cluster-{count}-{round_index}"
-            runs[count].append(_cluster_run(redis_url, work_dir, group, events, count))
+            runs[count].append(
+                _cluster_run(redis_url, work_dir, group, events, count, FLAGS.cluster_ps)[0]
+            )
             logging.info("%d workers: %.0f events/s", count, _sustained(runs[count][-1]))
     return runs
+
+
+def _capacity_runs(redis_url: str, work_dir: str, events: np.ndarray) -> dict[int, tuple]:
+    """--capacity_ids events of as many new users, trained on clusters of each of
+    --capacity_ps ps tasks (one worker): by ps count, the summary and each ps task's
+    peak RSS in MB."""
+    rows = _new_user_events(events, FLAGS.capacity_ids, FLAGS.seed)
+    publisher = replay_events.RedisPublisher(redis.Redis.from_url(redis_url), "capacity")
+    replay_events.replay(publisher, rows, rate=0, chunk=5000)
+    capacity = 1 << (FLAGS.capacity_ids + ML_1M_USERS).bit_length()
+    runs = {}
+    for count in (int(value) for value in FLAGS.capacity_ps):
+        runs[count] = _cluster_run(
+            redis_url,
+            work_dir,
+            f"capacity-{count}",
+            FLAGS.capacity_ids,
+            1,
+            count,
+            stream="capacity",
+            extra=(f"--user_capacity={capacity}",),
+        )
+        logging.info("%d ps tasks: peak RSS %s MB", count, runs[count][1])
+    return runs
+
+
+def _print_capacity(runs: dict[int, tuple]) -> None:
+    width = OnlineConfig().model.mf_dim + OnlineConfig().model.layers[0] // 2
+    print(
+        f"capacity: {FLAGS.capacity_ids:,} new users on clusters of 1 worker and N ps "
+        f"tasks; a row and its Adam moments take {12 * width} bytes (width {width})"
+    )
+    print("ps tasks | user rows per ps task | their bytes, MB each | peak RSS per ps, MB")
+    print("---------+-----------------------+----------------------+--------------------")
+    for count, (summary, peaks) in runs.items():
+        users = summary["cluster"]["rows_per_ps"]["user"]
+        held = " / ".join(f"{rows:,}" for rows in users)
+        sizes = " / ".join(f"{rows * 12 * width / 2**20:.0f}" for rows in users)
+        print(f"{count:8} | {held:21} | {sizes:20} | {' / '.join(f'{p:,.0f}' for p in peaks)}")
+    print()
 
 
 def _print_cluster(runs: dict[int, list[dict]]) -> None:
@@ -716,7 +781,8 @@ def _print_accuracy(full, full_hr: float, offline) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    unknown = set(FLAGS.parts) - {"throughput", "full_pass", "freshness", "offline", "cluster"}
+    parts = {"throughput", "full_pass", "freshness", "offline", "cluster", "capacity"}
+    unknown = set(FLAGS.parts) - parts
     if unknown:
         sys.exit(f"error: unknown --parts {sorted(unknown)}")
     _trees()  # checks --trees before anything runs
@@ -730,7 +796,7 @@ def main(argv: list[str]) -> None:
     print(cpu)
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
     server, redis_url = _start_redis(work_dir)
-    throughput, full, full_hr, fresh, clustered = {}, None, None, None, None
+    throughput, full, full_hr, fresh, clustered, capacity = {}, None, None, None, None, None
     try:
         start = time.perf_counter()
         replay_events.replay(
@@ -749,6 +815,8 @@ def main(argv: list[str]) -> None:
             fresh = _freshness(redis_url, work_dir, train_events)
         if "cluster" in FLAGS.parts:
             clustered = _cluster_runs(redis_url, work_dir, FLAGS.cluster_events)
+        if "capacity" in FLAGS.parts:
+            capacity = _capacity_runs(redis_url, work_dir, train_events)
     finally:
         server.terminate()
         server.wait()
@@ -768,6 +836,8 @@ def main(argv: list[str]) -> None:
             _plot_freshness(fresh, FLAGS.plot_dir, cpu)
     if clustered is not None:
         _print_cluster(clustered)
+    if capacity is not None:
+        _print_capacity(capacity)
     if full is not None:
         _print_accuracy(full, full_hr, offline)
     print(f"end: load average {_load()}")
