@@ -83,6 +83,7 @@ class OnlineConfig:
         summary_file: Write the run summary (with the metric history) here as JSON.
         seed: Fixes initial weights and sampling.
         serve_as: Be this task (``ps`` or ``worker``) of TF_CONFIG's cluster instead.
+        cluster_wait_secs: How long the chief waits for the cluster's tasks to answer.
     """
 
     redis_url: str | None = None
@@ -114,6 +115,7 @@ class OnlineConfig:
     summary_file: str | None = None
     seed: int | None = None
     serve_as: str | None = None
+    cluster_wait_secs: float = 300.0
 
 
 def make_source(config: OnlineConfig):
@@ -193,7 +195,7 @@ def run(config: OnlineConfig) -> dict:
 
 def _run_holding_model_dir(config: OnlineConfig) -> dict:
     resolver = cluster.cluster_resolver()
-    connection = cluster.connect(resolver) if resolver else None
+    connection = cluster.connect(resolver, config.cluster_wait_secs) if resolver else None
     rec_model: RecModel = online_ncf.build_rec_model(
         config.model, config.amp_level, config.boost_level, connection
     )
@@ -439,6 +441,12 @@ ONLINE_FLAGS = (
         "training: ps tasks hold the model, workers run the steps the trainer (the chief, "
         "ncf-online without this flag) schedules.",
         choices=cluster.TASK_TYPES,
+    ),
+    FlagSpec(
+        "cluster_wait_secs",
+        "How long the trainer of a TF_CONFIG cluster waits for its ps and worker tasks to "
+        "answer before it gives up.",
+        checks=(POSITIVE,),
     ),
     Rule(
         ("redis_url", "events_dir", "serve_as"),

@@ -8,12 +8,14 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_module, the_error_line
 from test_online_main import (
     MODEL_FLAGS,
     _entry_key,
@@ -156,6 +158,23 @@ def test_without_tf_config_there_is_no_cluster(monkeypatch):
         cluster.serve("ps")
 
 
+def test_the_chief_waits_for_tasks_that_answer_and_names_one_that_does_not():
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("localhost", 0))
+        listening.listen()
+        closed.bind(("localhost", 0))  # bound, never listening: connections are refused
+        up, down = (f"localhost:{s.getsockname()[1]}" for s in (listening, closed))
+        spec = tf.train.ClusterSpec({"chief": ["localhost:1"], "ps": [up], "worker": [up]})
+        cluster.wait_for_tasks(spec, seconds=5)
+        spec = tf.train.ClusterSpec({"chief": ["localhost:1"], "ps": [up], "worker": [up, down]})
+        with pytest.raises(ClusterError) as raised:
+            cluster.wait_for_tasks(spec, seconds=0.5)
+    assert str(raised.value) == (
+        f"worker task 1 at {down} does not answer after 0.5 s: start it (ncf-online "
+        "--serve_as worker with its TF_CONFIG), or fix the address in TF_CONFIG"
+    )
+
+
 # -- a loopback cluster of real processes --------------------------------------
 
 
@@ -203,8 +222,6 @@ class _Cluster:
 
 
 def _free_ports(count: int) -> list[int]:
-    import socket
-
     sockets = [socket.socket() for _ in range(count)]
     for sock in sockets:
         sock.bind(("localhost", 0))
@@ -310,3 +327,25 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
         ]
         assert [len(rows) for rows in held] == [size // 2 + 1, (size + 1) // 2]  # row 0 too
         assert [int(count.replace(",", "")) for count in counts] == [size // 2, (size + 1) // 2]
+
+
+@pytest.mark.integration
+def test_a_task_whose_port_is_taken_or_whose_tf_config_disagrees_exits_with_one_line(
+    monkeypatch,
+):
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        address = f"localhost:{taken.getsockname()[1]}"
+        spec = {"chief": ["localhost:1"], "ps": [address], "worker": ["localhost:2"]}
+        task = {"cluster": spec, "task": {"type": "ps", "index": 0}}
+        monkeypatch.setenv("TF_CONFIG", json.dumps(task))
+        result = run_module("recommendation.online_main", "--serve_as=ps")
+    assert the_error_line(result) == (
+        f"error: cannot serve ps 0 at {address} (Could not start gRPC server): free the "
+        "port or fix TF_CONFIG"
+    )
+    result = run_module("recommendation.online_main", "--serve_as=worker")
+    assert the_error_line(result) == (
+        "error: --serve_as worker, but TF_CONFIG's task is ps 0: make them agree"
+    )

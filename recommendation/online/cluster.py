@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Callable
 
@@ -141,11 +142,44 @@ class Connection:
     num_workers: int
 
 
-def connect(resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver) -> Connection:
-    """Connects to `resolver`'s cluster as its coordinator.
+def wait_for_tasks(spec: tf.train.ClusterSpec, seconds: float, poll: float = 0.2) -> None:
+    """Waits until every ps and worker task of `spec` accepts connections (TensorFlow's
+    own connection would wait for a missing one silently, for ever), saying which it
+    waits for every 10 s.
 
     Raises:
-        ClusterError: This process is not TF_CONFIG's chief.
+        ClusterError: A task still does not answer after `seconds`.
+    """
+    start = said = time.monotonic()
+    for kind in TASK_TYPES:
+        for index, address in enumerate(spec.job_tasks(kind)):
+            host, port = address.rsplit(":", 1)
+            while True:
+                try:
+                    with socket.create_connection((host, int(port)), timeout=1):
+                        break
+                except OSError:
+                    waited = time.monotonic() - start
+                    if waited >= seconds:
+                        raise ClusterError(
+                            f"{kind} task {index} at {address} does not answer after "
+                            f"{seconds:g} s: start it (ncf-online --serve_as {kind} with its "
+                            "TF_CONFIG), or fix the address in TF_CONFIG"
+                        ) from None
+                    if time.monotonic() - said >= 10:
+                        logging.info("waiting for %s task %d at %s", kind, index, address)
+                        said = time.monotonic()
+                    time.sleep(poll)
+
+
+def connect(
+    resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver, wait_seconds: float
+) -> Connection:
+    """Connects to `resolver`'s cluster as its coordinator, once every task answers
+    (waiting up to `wait_seconds` for them).
+
+    Raises:
+        ClusterError: This process is not TF_CONFIG's chief, or a task does not answer.
     """
     if resolver.task_type != "chief":
         raise ClusterError(
@@ -153,6 +187,7 @@ def connect(resolver: tf.distribute.cluster_resolver.TFConfigClusterResolver) ->
             "as the chief; start ps and worker tasks with --serve_as ps|worker"
         )
     spec = resolver.cluster_spec()
+    wait_for_tasks(spec, wait_seconds)
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     return Connection(
         tf.distribute.coordinator.ClusterCoordinator(strategy),
