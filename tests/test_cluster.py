@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 from conftest import run_module, the_error_line
 from test_online_main import (
+    MODEL,
     MODEL_FLAGS,
     _entry_key,
     _events,
@@ -231,13 +232,15 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
-def _checkpoint(model_dir) -> tuple[str, tf.train.CheckpointReader]:
-    path = tf.train.latest_checkpoint(str(model_dir))
-    return path, tf.train.load_checkpoint(path)
-
-
-def _position(reader: tf.train.CheckpointReader) -> str:
-    return json.loads(reader.get_tensor("position/.ATTRIBUTES/VARIABLE_VALUE"))["id"]
+def _restored(model_dir) -> tuple[str, online_ncf.RecModel]:
+    """What a restart restores from `model_dir` (a full checkpoint and its deltas),
+    read into this process with the rows split over two devices, as over the 2 ps
+    tasks: the last checkpoint applied, and the model."""
+    rec_model = online_ncf.build_rec_model(MODEL, shard_devices=[CPU] * 2)
+    checkpoint = callbacks.CheckpointCallback(str(model_dir), every_steps=1)
+    checkpoint.set_rec_model(rec_model)
+    checkpoint.on_train_begin()
+    return checkpoint.restored_from, rec_model
 
 
 @pytest.mark.integration
@@ -253,7 +256,6 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
         f"--model_dir={model_dir}",
         "--checkpoint_every_steps=10",
         "--checkpoint_every_secs=600",
-        "--full_checkpoint_every=1",
     ]
     client = redis_server.client()
     tasks = _Cluster(tmp_path, _free_ports(5))
@@ -283,15 +285,17 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
 
         tasks.start("ps", 0)
         tasks.start("worker", 1)
-        _, reader = _checkpoint(model_dir)
-        restored_at = [_position(reader)]
+        checkpoint, restored = _restored(model_dir)
+        # Checkpoints every 10 steps of 64 events, a full one every 10: after the 47 or
+        # more steps of 3,000 events, a delta.
+        assert os.path.basename(checkpoint).startswith("delta-"), checkpoint
+        restored_at = [restored.position["id"]]
         second, _ = tasks.trainer("second", *flags, f"--trained_events_log={audits[1]}")
         _Publisher(redis_server, _events(1500, seed=3), rate=1e6).run()
         _wait_for(lambda: len(_lines(audits[1])) >= 1000, what="a restarted run", process=second)
         os.kill(second.pid, signal.SIGKILL)
         second.wait()
-        _, reader = _checkpoint(model_dir)
-        restored_at.append(_position(reader))
+        restored_at.append(_restored(model_dir)[1].position["id"])
         third, out = tasks.trainer(
             "third", *flags, f"--trained_events_log={audits[2]}", "--idle_timeout_secs=3"
         )
@@ -311,22 +315,23 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
     )
     assert client.xpending("events", "trainer")["pending"] == 0  # all acknowledged
     # The final checkpoint: every admitted id holds one row, on one ps task, 1/2 each.
-    _, reader = _checkpoint(model_dir)
     shards = re.search(
         r"rows per ps task: users ([\d,]+) / ([\d,]+), items ([\d,]+) / ([\d,]+)", text
     )
     assert shards, text
-    for table, counts in (("user", shards.group(1, 2)), ("item", shards.group(3, 4))):
-        prefix = f"network/{table}_embedding/"
-        size = int(reader.get_tensor(prefix + "size/.ATTRIBUTES/VARIABLE_VALUE"))
-        keys = reader.get_tensor(prefix + "slot_keys/.ATTRIBUTES/VARIABLE_VALUE")[1 : size + 1]
-        assert len(set(keys.tolist())) == size > 0
-        held = [
-            reader.get_tensor(f"{prefix}embeddings/shards/{index}/.ATTRIBUTES/VARIABLE_VALUE")
-            for index in range(2)
-        ]
-        assert [len(rows) for rows in held] == [size // 2 + 1, (size + 1) // 2]  # row 0 too
+    _, restored = _restored(model_dir)
+    restored.trim_tables()
+    for table, counts in (
+        (restored.network.user_embedding, shards.group(1, 2)),
+        (restored.network.item_embedding, shards.group(3, 4)),
+    ):
+        size = int(table.size.numpy())
+        keys = table.contents()[0].numpy()
+        assert len(set(keys.tolist())) == len(keys) == size > 0
+        assert table.embeddings.rows_held() == [size // 2 + 1, (size + 1) // 2]  # row 0 too
         assert [int(count.replace(",", "")) for count in counts] == [size // 2, (size + 1) // 2]
+        rows = _rows(table)
+        assert np.all(np.any(rows[1:] != 0, axis=1))  # every id's row holds its values
 
 
 @pytest.mark.integration
