@@ -23,7 +23,12 @@ machine is shared):
   events/s among --rounds runs taken in turns (every other round in reverse order). The
   events/s include each process's graph tracing (a large share of a 100,000-event
   run: docs/benchmarks.md, "Hash tables at any capacity", measures it); "after
-  tracing" counts from the first metric report (one a second) on.
+  tracing" counts from the first metric report (one a second) on;
+- index: what a table's index and policy state cost per id, the part a cluster's chief
+  holds of every table (`docs/cluster.md`): --index_ids ids admitted in batches of
+  65,536 into an LRU table of width 1 (rows of 4 bytes, no optimiser moments), and the
+  growth of this process's resident memory (VmRSS) per id. Measured first, before the
+  other parts free memory this process could reuse.
 """
 
 from __future__ import annotations
@@ -55,8 +60,11 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("ratings", None, "MovieLens ratings file replayed as the stream.")
 flags.DEFINE_list("capacities", ["65536", "1048576", "16777216", "67108864"], "Capacities.")
 flags.DEFINE_list(
-    "parts", ["lookup", "eviction", "stream"], "What to measure: lookup, eviction, stream."
+    "parts",
+    ["lookup", "eviction", "stream"],
+    "What to measure: lookup, eviction, stream, index.",
 )
+flags.DEFINE_integer("index_ids", 1_000_000, "Ids admitted in the index part.")
 flags.DEFINE_list(
     "full_capacities", ["65536", "262144", "1048576", "4194304"], "Capacities of full tables."
 )
@@ -110,6 +118,25 @@ def _training_step(table: HashEmbedding):
         table.train_rows(tape.gradient(loss, table.embeddings))
 
     return train
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def index_bytes_per_id(count: int) -> tuple[float, int]:
+    """Resident bytes per id of an LRU table of width 1 holding `count` ids, and the
+    rows it allocated."""
+    table = HashEmbedding(1, capacity=1 << count.bit_length(), eviction="lru")
+    admit = tf.function(lambda ids: table.slots(ids, training=True))
+    admit(tf.constant([-1], tf.int64))  # traced before the first reading
+    before = _resident_mb()
+    for start in range(0, count, 65_536):
+        admit(tf.range(start, min(count, start + 65_536), dtype=tf.int64))
+    grown = (_resident_mb() - before) * 2**20 / count
+    return grown, int(table.allocated.numpy())
 
 
 def _lookup_step(capacity: int):
@@ -209,6 +236,12 @@ def main(argv: list[str]) -> None:
         plots.require(FLAGS.plot_dir)
     print(_cpu_line())
     print("command: python " + " ".join(sys.argv))
+    if "index" in FLAGS.parts:
+        grown, allocated = index_bytes_per_id(FLAGS.index_ids)
+        print(
+            f"\nindex and policy state of an LRU table: {FLAGS.index_ids:,} ids ({allocated:,} "
+            f"rows allocated): {grown:.0f} resident bytes per id (4 of them its row)"
+        )
     if "lookup" in FLAGS.parts:
         print(
             f"\ntraining step of a table on {FLAGS.lookup_ids:,} ids (half new), width "
