@@ -5,16 +5,19 @@ workers, a real Redis) whose tasks are killed with SIGKILL in turn."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import logging as absl_logging
 from conftest import run_module, the_error_line
 from test_online_main import (
     MODEL,
@@ -174,6 +177,32 @@ def test_the_chief_waits_for_tasks_that_answer_and_names_one_that_does_not():
         f"worker task 1 at {down} does not answer after 0.5 s: start it (ncf-online "
         "--serve_as worker with its TF_CONFIG), or fix the address in TF_CONFIG"
     )
+
+
+def test_a_wait_on_the_workers_is_reported_until_it_ends():
+    warned = threading.Event()
+    messages = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+            warned.set()
+
+    handler = Handler()
+    absl_logging.get_absl_logger().addHandler(handler)
+    try:
+        with cluster.reporting_waits("a step", every_seconds=0.01):
+            assert warned.wait(60)  # the block is a wait that only the warning ends
+    finally:
+        absl_logging.get_absl_logger().removeHandler(handler)
+    count = len(messages)
+    assert re.fullmatch(
+        r"waited \d+ s for a step: is any worker task alive\? \(start the dead ones again "
+        r"with their TF_CONFIG; training goes on when one answers\)",
+        messages[0],
+    )
+    threading.Event().wait(0.05)
+    assert len(messages) == count  # no warning once the wait is over
 
 
 # -- a loopback cluster of real processes --------------------------------------

@@ -30,13 +30,15 @@ the cluster from the last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 from absl import logging
@@ -196,6 +198,32 @@ def connect(
     )
 
 
+@contextlib.contextmanager
+def reporting_waits(what: str, every_seconds: float = 60.0) -> Iterator[None]:
+    """Warns every `every_seconds` while the block waits for `what`: a wait on the
+    workers has no end of its own (`ClusterCoordinator` runs a dead worker's steps on
+    the others, and with none alive waits for one to come back)."""
+    done = threading.Event()
+    start = time.monotonic()
+
+    def warn() -> None:
+        while not done.wait(every_seconds):
+            logging.warning(
+                "waited %.0f s for %s: is any worker task alive? (start the dead ones again "
+                "with their TF_CONFIG; training goes on when one answers)",
+                time.monotonic() - start,
+                what,
+            )
+
+    watcher = threading.Thread(target=warn, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
 class ClusterSteps:
     """A RecModel's training steps on a cluster's workers (`RecModel.distribute`).
 
@@ -252,7 +280,8 @@ class ClusterSteps:
     def finish(self) -> dict[str, float]:
         """Waits for every step in flight; returns their mean logs."""
         start = time.perf_counter()
-        self.coordinator.join()
+        with reporting_waits("the steps in flight"):
+            self.coordinator.join()
         self._waited(start)
         finished = [self._fetch_oldest() for _ in range(len(self._in_flight))]
         return self._logs(finished)
@@ -267,7 +296,8 @@ class ClusterSteps:
 
     def _fetch_oldest(self) -> dict:
         start = time.perf_counter()
-        logs = self._in_flight.pop(0).fetch()
+        with reporting_waits("a step"):
+            logs = self._in_flight.pop(0).fetch()
         self._waited(start)
         return logs
 
