@@ -105,27 +105,28 @@ def serve(task_type: str) -> None:
             f"--serve_as {task_type} needs TF_CONFIG naming the cluster and this task: "
             f'{{"cluster": {{...}}, "task": {{"type": "{task_type}", "index": N}}}}'
         )
+    index = resolver.task_id or 0  # TF_CONFIG's index defaults to 0
     if resolver.task_type != task_type:
         raise ClusterError(
             f"--serve_as {task_type}, but TF_CONFIG's task is {resolver.task_type} "
-            f"{resolver.task_id}: make them agree"
+            f"{index}: make them agree"
         )
     try:
         server = tf.distribute.Server(
             resolver.cluster_spec(),
             job_name=task_type,
-            task_index=resolver.task_id,
+            task_index=index,
             protocol="grpc",
             start=True,
         )
     except tf.errors.UnknownError as error:  # the port is taken
-        address = resolver.cluster_spec().task_address(task_type, resolver.task_id)
+        address = resolver.cluster_spec().task_address(task_type, index)
         raise ClusterError(
-            f"cannot serve {task_type} {resolver.task_id} at {address} "
+            f"cannot serve {task_type} {index} at {address} "
             f"({error.message.splitlines()[0]}): free the port or fix TF_CONFIG"
         ) from None
-    logging.info("serving as %s %d at %s", task_type, resolver.task_id, server.target)
-    print(f"serving as {task_type} {resolver.task_id} at {server.target}", flush=True)
+    logging.info("serving as %s %d at %s", task_type, index, server.target)
+    print(f"serving as {task_type} {index} at {server.target}", flush=True)
     server.join()
 
 
@@ -185,7 +186,7 @@ def connect(
     """
     if resolver.task_type != "chief":
         raise ClusterError(
-            f"TF_CONFIG's task is {resolver.task_type} {resolver.task_id}: ncf-online trains "
+            f"TF_CONFIG's task is {resolver.task_type} {resolver.task_id or 0}: ncf-online trains "
             "as the chief; start ps and worker tasks with --serve_as ps|worker"
         )
     spec = resolver.cluster_spec()
