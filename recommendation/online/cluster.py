@@ -7,10 +7,10 @@ each a ``tf.distribute.Server`` (`serve`).
 - The ps tasks hold the model: each table's rows and their Adam moments are split over
   them (`row_shards`: row r on task r mod N, so each holds 1/N of every table), the
   dense weights and their slots are placed by `tf.distribute.ParameterServerStrategy`.
-- The coordinator keeps each table's index (id to row) and policy state, a few bytes
-  per id: it reads the stream, resolves each batch's ids to rows (admission, eviction,
-  the prequential test rows), and schedules the step on a worker with
-  `ClusterCoordinator.schedule`, sending the row numbers; it checkpoints, acknowledges
+- The coordinator keeps each table's index (id to row) and policy state, about 150
+  bytes an id (`docs/cluster.md`): it reads the stream, resolves each batch's ids to
+  rows (admission, eviction, the prequential test rows), and schedules the step on a
+  worker with `ClusterCoordinator.schedule`, sending the row numbers; it checkpoints, acknowledges
   and exports after joining the steps in flight (`ClusterSteps.finish`), so a
   checkpoint covers every step it counts.
 - Workers run the steps: gather the rows from the ps tasks, score, and apply the
@@ -23,9 +23,10 @@ step's update to its new id, or lose it: the index itself is only ever changed b
 coordinator, one step at a time, so every id has one row, on one task.
 
 A worker that dies is the coordinator's to handle: `ClusterCoordinator` runs its steps
-again on the others (a step may thus be applied twice: at least once). A ps task or
-the coordinator that dies ends the run with an `error:`; the same commands restart
-the cluster from the last checkpoint.
+again on the others (a step may thus be applied twice: at least once), and with none
+alive waits for one to come back (`reporting_waits` says so). A ps task that dies ends
+the run with an `error:` line; after it, or after the coordinator dies, the same
+commands restart the cluster from the last checkpoint.
 """
 
 from __future__ import annotations
