@@ -48,6 +48,7 @@ from recommendation.online import (
     eviction,
     online_ncf,
     redis_source,
+    run_summary,
     sources,
 )
 from recommendation.online.callback_base import Callback
@@ -226,95 +227,12 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
         reconnects=getattr(source, "reconnects", 0),
         prequential_hr=float(np.mean(hr_values)) if hr_values else None,
         history=history,
-        cluster=_cluster_summary(rec_model),
-        **_outputs(chosen),
+        cluster=run_summary.cluster_counts(rec_model),
+        **run_summary.outputs(chosen),
     )
     if config.summary_file:
         atomic.write_file(config.summary_file, json.dumps(summary, sort_keys=True))
     return summary
-
-
-def _cluster_summary(rec_model: RecModel) -> dict | None:
-    """On a cluster: each table's live rows on each ps task, and the coordinator's
-    milliseconds a step resolving, scheduling and waiting for the workers."""
-    if rec_model.cluster is None:
-        return None
-    network = rec_model.network
-    return {
-        "rows_per_ps": {
-            "user": network.user_embedding.rows_per_shard(),
-            "item": network.item_embedding.rows_per_shard(),
-        },
-        "ms_per_step": rec_model.cluster.ms_per_step(),
-    }
-
-
-def _outputs(chosen: list[Callback]) -> dict:
-    """The summary's tables (`TableWatch.counts`), the count and mean seconds and
-    bytes of the full checkpoints, of the deltas and of the exports (None: none
-    made), and the side writes that failed."""
-    found = {type(callback): callback for callback in chosen}
-    export = found.get(callbacks.ExportCallback)
-    checkpoint = found[callbacks.CheckpointCallback]
-
-    def mean(values: list[float]) -> float | None:
-        return float(np.mean(values)) if values else None
-
-    return {
-        "tables": found[callbacks.TableWatch].counts(),
-        "checkpoints": {
-            kind: {
-                "count": len(checkpoint.seconds[kind]),
-                "seconds": mean(checkpoint.seconds[kind]),
-                "bytes": mean(checkpoint.bytes[kind]),
-            }
-            for kind in ("full", "delta")
-        },
-        "export_seconds": mean(export.seconds) if export else None,
-        "failed_exports": export.failures.count if export else 0,
-        "failed_tensorboard_writes": found[callbacks.MetricLogger].summaries.failures.count,
-    }
-
-
-def summary_line(summary: dict, top_k: int) -> str:
-    """The one-line result a user reads at the end."""
-    rate = summary["events"] / max(summary["seconds"], 1e-9)
-    hr = summary["prequential_hr"]
-    return (
-        f"online: {summary['events']:,} events in {summary['seconds']:.1f} s "
-        f"({rate:,.0f} events/s), step {summary['steps']}, prequential HR@{top_k}="
-        f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
-        f"lost events {summary['lost_events']}, "
-        f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
-        f"{_shards(summary)}"
-        f"stopped by {summary['stopped_by']}"
-    )
-
-
-def _shards(summary: dict) -> str:
-    """Rows on each ps task, when trained on a cluster."""
-    if not summary.get("cluster"):
-        return ""
-    rows = summary["cluster"]["rows_per_ps"]
-    return "rows per ps task: " + "".join(
-        f"{name}s {' / '.join(f'{count:,}' for count in counts)}, " for name, counts in rows.items()
-    )
-
-
-def _tables_and_failures(summary: dict) -> str:
-    """How full each table is and what it refused; failed side writes, if any."""
-    parts = [
-        f"{name}s {t['ids']:,}/{t['capacity']:,} ({t['refused']:,} refused, "
-        f"{t['evicted']:,} evicted)"
-        for name, t in summary["tables"].items()
-    ]
-    for key, what in (
-        ("failed_exports", "exports"),
-        ("failed_tensorboard_writes", "TensorBoard writes"),
-    ):
-        if summary[key]:
-            parts.append(f"{summary[key]:,} {what} failed")
-    return "".join(f"{part}, " for part in parts)
 
 
 # ---------------------------------------------------------------------------
@@ -508,7 +426,7 @@ def main(argv: list[str]) -> None:
             print(f"error: {error}", file=sys.stderr, flush=True)
             os._exit(1)
     logging.info("online training ran %.1f s", time.perf_counter() - start)
-    print(summary_line(summary, config.model.top_k))
+    print(run_summary.summary_line(summary, config.model.top_k))
 
 
 def run_main() -> None:

@@ -320,10 +320,19 @@ def _redis_major_version(binary: str) -> int:
     return int(found.group(1)) if found else 0
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` different ports free now (all bound at once, then released)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @pytest.fixture

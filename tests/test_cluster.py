@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from absl import logging as absl_logging
-from conftest import run_module, the_error_line
+from conftest import free_ports, run_module, the_error_line
 from test_online_main import (
     MODEL,
     MODEL_FLAGS,
@@ -259,16 +259,6 @@ class _Cluster:
                 process.wait()
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("localhost", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 def _restored(model_dir) -> tuple[str, online_ncf.RecModel]:
     """What a restart restores from `model_dir` (a full checkpoint and its deltas),
     read into this process with the rows split over two devices, as over the 2 ps
@@ -295,7 +285,7 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
         "--checkpoint_every_secs=600",
     ]
     client = redis_server.client()
-    tasks = _Cluster(tmp_path, _free_ports(5))
+    tasks = _Cluster(tmp_path, free_ports(5))
     try:
         for kind in ("ps", "worker"):
             for index in range(2):

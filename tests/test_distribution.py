@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, free_ports
 
 # One training run; argv: strategy, worker hosts ("" for none), task index, model dir,
 # output file. Every run builds the same synthetic data with the same seed, so reads the
@@ -47,21 +46,11 @@ _RUN = textwrap.dedent("""
 _WEIGHT_TOLERANCE = 1e-5
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 @pytest.mark.integration
 def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
     """Splitting each global batch over replicas must not change the training step:
     the workers agree exactly, and with one device to `_WEIGHT_TOLERANCE`."""
-    hosts = ",".join(f"127.0.0.1:{port}" for port in _free_ports(2))
+    hosts = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
     env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
     runs = {
         "worker0": ("multi_worker_mirrored", hosts, "0", "model"),

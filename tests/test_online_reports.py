@@ -17,7 +17,7 @@ from conftest import run_module_on_a_tmpfs
 from tensorboard.compat.proto import event_pb2
 
 from recommendation import online_main
-from recommendation.online import callbacks, online_ncf, versioned_export
+from recommendation.online import callbacks, online_ncf, run_summary, versioned_export
 from recommendation.online_main import OnlineConfig
 
 MODEL = online_ncf.OnlineParams(
@@ -76,7 +76,7 @@ def test_a_full_table_refusing_new_ids_is_counted_reported_and_warned_about(tmp_
         "user": {"ids": 16, "capacity": 16, "admitted": 16, "evicted": 0, "refused": 128},
         "item": {"ids": 8, "capacity": 64, "admitted": 8, "evicted": 0, "refused": 0},
     }
-    line = online_main.summary_line(summary, 10)
+    line = run_summary.summary_line(summary, 10)
     assert (
         ", users 16/16 (128 refused, 0 evicted), items 8/64 (0 refused, 0 evicted), stopped by"
         in line

@@ -226,6 +226,48 @@ def reporting_waits(what: str, every_seconds: float = 60.0) -> Iterator[None]:
         watcher.join()
 
 
+class ClusterTraining:
+    """Mixed into `RecModel`: `distribute` and `finish_steps`.
+
+    The host provides ``network`` (with ``resolve`` and ``trained_rows``),
+    ``optimizer``, ``loss_fn``, ``step``, ``cluster`` (None in one process),
+    `_build_optimizer` and `_train_step`.
+    """
+
+    def distribute(
+        self,
+        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+        max_in_flight: int,
+    ) -> None:
+        """Runs the training steps on the workers of `coordinator`'s cluster: the
+        network's ``resolve`` here, the rest of each step on a worker (`cluster`). The
+        network's dense weights and the optimiser must have been built in the
+        strategy's scope, and its row tables sharded over the ps tasks."""
+        resolve = getattr(self.network, "resolve", None)
+        if resolve is None or self.optimizer is None or self.loss_fn is not None:
+            raise ValueError(
+                "a cluster trains a network with a resolve stage that computes its own "
+                "loss, with an optimizer"
+            )
+        self._build_optimizer()
+
+        def resolve_step(data):
+            resolved = resolve(data, training=True)
+            for table, slots in self.network.trained_rows(resolved):
+                table.note_trained(slots)
+            return resolved, self.step.assign_add(1)
+
+        def train(resolved, step):
+            return self._train_step(resolved, None, step)
+
+        self.cluster = ClusterSteps(coordinator, resolve_step, train, max_in_flight)
+
+    def finish_steps(self) -> dict[str, float]:
+        """Waits for the steps in flight on a cluster; their mean logs ({} in one
+        process)."""
+        return self.cluster.finish() if self.cluster is not None else {}
+
+
 class ClusterSteps:
     """A RecModel's training steps on a cluster's workers (`RecModel.distribute`).
 
@@ -261,11 +303,15 @@ class ClusterSteps:
         self.seconds = {"resolve": 0.0, "schedule": 0.0, "wait": 0.0}
         self.timed_steps = -1
 
-    def run(self, batches: list) -> dict[str, float]:
-        """Schedules one step per batch; returns the mean logs of the steps that
-        finished meanwhile (those of the last to finish before, when none did)."""
+    def run(self, group) -> dict[str, float]:
+        """Schedules one step per batch of `group` (`stream_batches.BatchGroup`);
+        returns the mean logs of the steps that finished meanwhile (those of the last
+        to finish before, when none did)."""
         finished = []
-        for data in batches:
+        for index in range(group.num_steps):
+            data = tf.nest.map_structure(
+                lambda t, i=index: tf.convert_to_tensor(t[i]), group.stacked
+            )
             start = time.perf_counter()
             resolved, step = self._resolve(data)
             scheduled = time.perf_counter()

@@ -92,7 +92,7 @@ def _policy(amp_level: str) -> str | None:
     return {"O0": None, "O2": mixed, "O3": mixed.removeprefix("mixed_")}[amp_level]
 
 
-class RecModel:
+class RecModel(cluster.ClusterTraining):
     """Trains, evaluates and online-trains a Keras network (MindSpore Rec's RecModel).
 
     Args:
@@ -207,39 +207,6 @@ class RecModel:
         """Tells the dataset that everything up to `position` is durably trained."""
         if self._dataset is not None and hasattr(self._dataset, "commit"):
             self._dataset.commit(self.position)
-
-    def distribute(
-        self,
-        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
-        max_in_flight: int,
-    ) -> None:
-        """Runs the training steps on the workers of `coordinator`'s cluster: the
-        network's ``resolve`` here, the rest of each step on a worker (`cluster`). The
-        network's dense weights and the optimiser must have been built in the
-        strategy's scope, and its row tables sharded over the ps tasks."""
-        resolve = getattr(self.network, "resolve", None)
-        if resolve is None or self.optimizer is None or self.loss_fn is not None:
-            raise ValueError(
-                "a cluster trains a network with a resolve stage that computes its own "
-                "loss, with an optimizer"
-            )
-        self._build_optimizer()
-
-        def resolve_step(data):
-            resolved = resolve(data, training=True)
-            for table, slots in self.network.trained_rows(resolved):
-                table.note_trained(slots)
-            return resolved, self.step.assign_add(1)
-
-        def train(resolved, step):
-            return self._train_step(resolved, None, step)
-
-        self.cluster = cluster.ClusterSteps(coordinator, resolve_step, train, max_in_flight)
-
-    def finish_steps(self) -> dict[str, float]:
-        """Waits for the steps in flight on a cluster; their mean logs ({} in one
-        process)."""
-        return self.cluster.finish() if self.cluster is not None else {}
 
     def _build_optimizer(self) -> None:
         if self.optimizer is None or self.optimizer.built:
@@ -473,11 +440,7 @@ class RecModel:
     def _run_group(self, group: BatchGroup) -> dict:
         self._build_optimizer()
         if self.cluster is not None:
-            batches = [
-                tf.nest.map_structure(lambda t, i=index: tf.convert_to_tensor(t[i]), group.stacked)
-                for index in range(group.num_steps)
-            ]
-            return self.cluster.run(batches)
+            return self.cluster.run(group)
         stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
         key = tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked))
         traced = key not in self._sink_calls

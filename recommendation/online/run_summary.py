@@ -1,0 +1,93 @@
+"""What an ncf-online run reports at its end: the summary's parts drawn from the
+callbacks and the model (`outputs`, `cluster_counts`) and its one line (`summary_line`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from recommendation.online import callbacks
+from recommendation.online.callback_base import Callback
+from recommendation.online.rec_model import RecModel
+
+
+def cluster_counts(rec_model: RecModel) -> dict | None:
+    """On a cluster: each table's live rows on each ps task, and the coordinator's
+    milliseconds a step resolving, scheduling and waiting for the workers."""
+    if rec_model.cluster is None:
+        return None
+    network = rec_model.network
+    return {
+        "rows_per_ps": {
+            "user": network.user_embedding.rows_per_shard(),
+            "item": network.item_embedding.rows_per_shard(),
+        },
+        "ms_per_step": rec_model.cluster.ms_per_step(),
+    }
+
+
+def outputs(chosen: list[Callback]) -> dict:
+    """The summary's tables (`TableWatch.counts`), the count and mean seconds and
+    bytes of the full checkpoints, of the deltas and of the exports (None: none
+    made), and the side writes that failed."""
+    found = {type(callback): callback for callback in chosen}
+    export = found.get(callbacks.ExportCallback)
+    checkpoint = found[callbacks.CheckpointCallback]
+
+    def mean(values: list[float]) -> float | None:
+        return float(np.mean(values)) if values else None
+
+    return {
+        "tables": found[callbacks.TableWatch].counts(),
+        "checkpoints": {
+            kind: {
+                "count": len(checkpoint.seconds[kind]),
+                "seconds": mean(checkpoint.seconds[kind]),
+                "bytes": mean(checkpoint.bytes[kind]),
+            }
+            for kind in ("full", "delta")
+        },
+        "export_seconds": mean(export.seconds) if export else None,
+        "failed_exports": export.failures.count if export else 0,
+        "failed_tensorboard_writes": found[callbacks.MetricLogger].summaries.failures.count,
+    }
+
+
+def summary_line(summary: dict, top_k: int) -> str:
+    """The one-line result a user reads at the end."""
+    rate = summary["events"] / max(summary["seconds"], 1e-9)
+    hr = summary["prequential_hr"]
+    return (
+        f"online: {summary['events']:,} events in {summary['seconds']:.1f} s "
+        f"({rate:,.0f} events/s), step {summary['steps']}, prequential HR@{top_k}="
+        f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
+        f"lost events {summary['lost_events']}, "
+        f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
+        f"{_shards(summary)}"
+        f"stopped by {summary['stopped_by']}"
+    )
+
+
+def _shards(summary: dict) -> str:
+    """Rows on each ps task, when trained on a cluster."""
+    if not summary.get("cluster"):
+        return ""
+    rows = summary["cluster"]["rows_per_ps"]
+    return "rows per ps task: " + "".join(
+        f"{name}s {' / '.join(f'{count:,}' for count in counts)}, " for name, counts in rows.items()
+    )
+
+
+def _tables_and_failures(summary: dict) -> str:
+    """How full each table is and what it refused; failed side writes, if any."""
+    parts = [
+        f"{name}s {t['ids']:,}/{t['capacity']:,} ({t['refused']:,} refused, "
+        f"{t['evicted']:,} evicted)"
+        for name, t in summary["tables"].items()
+    ]
+    for key, what in (
+        ("failed_exports", "exports"),
+        ("failed_tensorboard_writes", "TensorBoard writes"),
+    ):
+        if summary[key]:
+            parts.append(f"{summary[key]:,} {what} failed")
+    return "".join(f"{part}, " for part in parts)
