@@ -30,6 +30,7 @@ from test_online_main import (
     _wait_for,
 )
 
+from official.core.model_dir import ModelDirError
 from recommendation.online import callbacks, cluster, online_ncf, versioned_export
 from recommendation.online.cluster import ClusterError
 from recommendation.online.row_shards import RowShards
@@ -377,3 +378,24 @@ def test_a_task_whose_port_is_taken_exits_with_one_line(
         f"error: cannot serve ps 0 at {address} (Could not start gRPC server): free the "
         "port or fix TF_CONFIG"
     )
+
+
+def test_a_checkpoint_of_rows_split_otherwise_than_the_model_is_refused(tmp_path):
+    model_dir = str(tmp_path / "model")
+    split = online_ncf.build_rec_model(PARAMS, shard_devices=[CPU] * 2)
+    split.online_train(_batches(4), [callbacks.CheckpointCallback(model_dir, every_steps=2)])
+    checkpoint = tf.train.latest_checkpoint(model_dir)
+    for devices, held, where in (
+        (None, "in one process", "on a cluster of 2 ps tasks"),
+        ([CPU] * 3, "split over 3 ps tasks", "on a cluster of 2 ps tasks"),
+    ):
+        other = online_ncf.build_rec_model(PARAMS, shard_devices=devices)
+        restore = callbacks.CheckpointCallback(model_dir, every_steps=2)
+        restore.set_rec_model(other)
+        with pytest.raises(ModelDirError) as refused:
+            restore.on_train_begin()
+        assert str(refused.value) == (
+            f"the checkpoint {checkpoint} holds the embedding_user rows split over 2 ps tasks, "
+            f"this run has them {held}: resume it {where}, or start over with --clean or "
+            "another --model_dir"
+        )

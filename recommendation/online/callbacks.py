@@ -105,6 +105,9 @@ class CheckpointCallback(_Periodic):
         self.manager = tf.train.CheckpointManager(
             rec_model.checkpoint, self.directory, max_to_keep=self.keep
         )
+        newest = tf.train.latest_checkpoint(self.directory)
+        if newest is not None:  # before restoring: a restore of another layout says less
+            delta_checkpoints.check_row_layout(rec_model, newest)
         latest = model_dir.restore_latest(
             rec_model.new_checkpoint,
             self.directory,

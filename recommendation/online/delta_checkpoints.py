@@ -76,6 +76,36 @@ def tables_and_state(rec_model) -> tuple[dict[str, object], dict[str, tf.Variabl
     return found_tables, state
 
 
+def check_row_layout(rec_model, checkpoint: str) -> None:
+    """Refuses a checkpoint whose tables' rows are split otherwise than the model's
+    (one process against a cluster's ps tasks, or another ps count): a restore would
+    match the tables and leave their rows unread.
+
+    Raises:
+        ModelDirError: Naming both layouts and what to do.
+    """
+    try:
+        reader = tf.train.load_checkpoint(checkpoint)
+    except (tf.errors.OpError, ValueError):
+        return  # damaged: `model_dir.restore_latest` says so, or restores an older one
+    tables, _ = tables_and_state(rec_model)
+
+    def layout(count: int) -> str:
+        return f"split over {count} ps tasks" if count else "in one process"
+
+    for path, table in tables.items():
+        rows_path = path.replace(".", "/") + "/embeddings"
+        held = row_shards.shards_in_checkpoint(reader, rows_path)
+        wanted = row_shards.num_shards(table.embeddings)
+        if held != wanted:
+            where = f"on a cluster of {held} ps tasks" if held else "without TF_CONFIG"
+            raise ModelDirError(
+                f"the checkpoint {checkpoint} holds the {table.name} rows {layout(held)}, "
+                f"this run has them {layout(wanted)}: resume it {where}, or start over "
+                "with --clean or another --model_dir"
+            )
+
+
 class DeltaCheckpoints:
     """Saves and restores a RecModel's checkpoints in `manager`'s folder, full or delta.
 

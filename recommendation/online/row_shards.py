@@ -127,3 +127,20 @@ def resize(rows: tf.Variable | RowShards, num_rows: tf.Tensor) -> None:
 def shard_variables(rows: tf.Variable | RowShards) -> list[tf.Variable]:
     """The variables holding `rows`."""
     return list(rows.shards) if isinstance(rows, RowShards) else [rows]
+
+
+def shards_in_checkpoint(reader: tf.train.CheckpointReader, rows_path: str) -> int:
+    """How many shards a checkpoint holds of the rows at `rows_path` (its object
+    path, ``network/user_embedding/embeddings``): 0 for one variable."""
+    keys = reader.get_variable_to_shape_map()
+    if f"{rows_path}/.ATTRIBUTES/VARIABLE_VALUE" in keys:
+        return 0
+    count = 0
+    while f"{rows_path}/shards/{count}/.ATTRIBUTES/VARIABLE_VALUE" in keys:
+        count += 1
+    return count
+
+
+def num_shards(rows: tf.Variable | RowShards) -> int:
+    """0 for one variable, else the number of shards (as `shards_in_checkpoint`)."""
+    return rows.num_shards if isinstance(rows, RowShards) else 0
