@@ -12,9 +12,9 @@ width]) captured by a function that `ClusterCoordinator` schedules aborts the wo
 process in TensorFlow 2.21 (``tensor_shape.cc: Check failed: size >= 0``); reads put
 the width back (`tf.ensure_shape`).
 
-`gather`, `scatter_update`, `resize` and `shard_variables` take either a `RowShards`
-or one ordinary variable (the rows of a table in one process), so the table's code is
-the same for both.
+`gather`, `resize` and `shard_variables` take either a `RowShards` or one ordinary
+variable (the rows of a table in one process), and both have ``scatter_update``, so
+the table's code is the same for both.
 """
 
 from __future__ import annotations
@@ -106,11 +106,6 @@ def gather(rows: tf.Variable | RowShards, slots: tf.Tensor) -> tf.Tensor:
     if isinstance(rows, RowShards):
         return rows.gather(slots)
     return tf.gather(rows, slots)
-
-
-def scatter_update(rows: tf.Variable | RowShards, slices: tf.IndexedSlices) -> None:
-    """Writes ``slices.values`` into rows ``slices.indices`` of `rows`."""
-    rows.scatter_update(slices)
 
 
 def resize(rows: tf.Variable | RowShards, num_rows: tf.Tensor) -> None:
