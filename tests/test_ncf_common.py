@@ -88,6 +88,12 @@ def test_model_garden_command_line_still_parses():
         (["--loss_scale=128"], "--loss_scale scales float16 gradients: it needs --dtype fp16"),
         (["--loss_scale=x", "--dtype=fp16"], "'dynamic' or a positive number"),
         (["--run_eagerly", "--enable_xla"], "nothing for --enable_xla to compile"),
+        (["--eval_ranking=all"], "value should be one of"),
+        (
+            ["--eval_ranking=full", "--output_ml_perf_compliance_logging"],
+            "MLPerf's eval_accuracy is the sampled HR@10: with "
+            "--output_ml_perf_compliance_logging use --eval_ranking both",
+        ),
     ],
 )
 def test_invalid_flags_are_rejected(args, message):

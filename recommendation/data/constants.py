@@ -18,6 +18,14 @@ TEST_SPLIT = "test"
 VALIDATION_SPLIT = "validation"
 EVAL_SPLITS = (TEST_SPLIT, VALIDATION_SPLIT)
 
+# How an evaluation ranks each held-out item (--eval_ranking): against its sampled
+# negatives (the MLPerf and NCF protocol), against every item the user has not
+# interacted with (the full catalogue), or both.
+SAMPLED_RANKING = "sampled"
+FULL_RANKING = "full"
+BOTH_RANKINGS = "both"
+EVAL_RANKINGS = (SAMPLED_RANKING, FULL_RANKING, BOTH_RANKINGS)
+
 # Negatives per evaluation user under the MLPerf protocol; the NCF paper used 99.
 NUM_EVAL_NEGATIVES = 999
 

@@ -303,8 +303,22 @@ class NeuMF(keras.Model):
         Returns:
             `(batch, num_items)` logits in the compute dtype.
         """
+        return self.score_against(users, self.item_side())
+
+    def item_side(self) -> tuple:
+        """The item table's share of every score: its rows (the GMF part only when the
+        model has MLP layers) and its half of the first MLP layer (None without one).
+        Computed once, it serves every block of users (`score_against`)."""
+        table = self._table_rows(self.item_embedding)
+        if not self.mlp:
+            return table, None
+        return table[:, : self.gmf_width], self._first_layer_term(table[:, self.gmf_width :], 1)
+
+    def score_against(self, users, item_side: tuple):
+        """Logits `(batch, num_items)` of `users` against `item_side` (`item_side()`)."""
+        rows, item_term = item_side
         user = self.user_embedding(users)[:, None, :]
-        return self._score_grid(user, self._table_rows(self.item_embedding)[None])
+        return self._score_grid(user, rows[None], None if item_term is None else item_term[None])
 
     def score_blocks(self, users, items):
         """Logits of each user's block of items: what evaluation needs.

@@ -37,6 +37,7 @@ from recommendation.producer import data_pipeline, run_folder
 from recommendation.producer.run_folder import GenerationParams
 from recommendation.serving import neumf_export, onnx_model
 from recommendation.training import pretrain, reporting, selection
+from recommendation.training.evaluations import Evaluations, metric_names
 from recommendation.training.ncf_common import NcfConfig
 
 
@@ -262,11 +263,11 @@ def train_and_evaluate(
         )
         producer.hand_over()
         mlperf.event("train_loop")
-        eval_info = producer.eval_data(split)
+        evaluator = Evaluations(runner, data, producer, config.eval_ranking, mlperf)
         if history is not None and first_epoch and not history.has(first_epoch - 1):
             # Stopped between its checkpoint and the history: the restored model is
             # that epoch's, so its evaluation is the one missed.
-            restored = selection.evaluate(runner, eval_info, first_epoch - 1, mlperf)
+            restored = evaluator.evaluate(split, first_epoch - 1)
             history.record(runner, first_epoch - 1, restored)
         epoch = first_epoch
         for index, epochs in enumerate(cycles):
@@ -293,7 +294,7 @@ def train_and_evaluate(
             epoch += epochs
             runner.completed_epochs.assign(epoch)
             runner.save_checkpoint()
-            evaluation = selection.evaluate(runner, eval_info, epoch - 1, mlperf)
+            evaluation = evaluator.evaluate(split, epoch - 1)
             if history is not None:
                 history.record(runner, epoch - 1, evaluation)
             summary["epochs"] = epoch
@@ -301,7 +302,7 @@ def train_and_evaluate(
             summary["train_seconds"] += train["seconds"]
             reporting.report(config, runner, summaries, benchmark, epoch - 1, train, evaluation)
             if evaluation["hr"] > best["hr"]:
-                best = {"hr": evaluation["hr"], "ndcg": evaluation["ndcg"], "epoch": epoch - 1}
+                best = {**evaluation, "epoch": epoch - 1}
             if evaluation["hr"] >= config.hr_threshold:
                 summary["time_to_target_s"] = time.perf_counter() - start
                 break
@@ -309,24 +310,23 @@ def train_and_evaluate(
             # A finished run resumed: nothing to train, so report its restored model.
             summary["resumed_finished_run"] = runner.restored_from
             if history is None:
-                evaluation = selection.evaluate(runner, eval_info, first_epoch - 1, mlperf)
-                best = {
-                    "hr": evaluation["hr"],
-                    "ndcg": evaluation["ndcg"],
-                    "epoch": first_epoch - 1,
-                }
+                evaluation = evaluator.evaluate(split, first_epoch - 1)
+                best = {**evaluation, "epoch": first_epoch - 1}
         summary["eval_split"] = split
         if history is not None:
             best = history.best()
-            test = selection.test_selected(runner, best["epoch"], producer.eval_data(), mlperf)
-            summary.update(test_hr=test["hr"], test_ndcg=test["ndcg"])
-            summaries.write(runner.global_step, {"test_hr": test["hr"], "test_ndcg": test["ndcg"]})
+            test = selection.test_selected(evaluator, best["epoch"])
+            tested = {f"test_{name}": test[name] for name in metric_names(config.eval_ranking)}
+            summary.update(tested)
+            summaries.write(runner.global_step, tested)
         reached = summary["time_to_target_s"] is not None
         mlperf.event("run_stop", status=mlperf_helper.SUCCESS if reached else mlperf_helper.ABORTED)
     trained = summary["train_seconds"] > 0
     summary.update(
-        best_hr=best["hr"],
-        best_ndcg=best["ndcg"],
+        {f"best_{name}": best.get(name, 0.0) for name in metric_names(config.eval_ranking)}
+    )
+    summary.update(
+        eval_ranking=config.eval_ranking,
         best_epoch=best["epoch"],
         total_seconds=time.perf_counter() - start,
         examples_per_second=summary["train_points"] / summary["train_seconds"] if trained else None,

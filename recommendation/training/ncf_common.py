@@ -41,6 +41,9 @@ class NcfConfig:
         batch_size, eval_batch_size: Global batch sizes (points).
         num_neg, num_eval_negatives: Negatives per positive / per evaluation user.
         hr_threshold: Stop once HR@top_k reaches it.
+        eval_ranking: Against which items each evaluation ranks the held-out ones
+            (`constants.EVAL_RANKINGS`: the sampled negatives, the whole catalogue, or
+            both).
         model: NeuMF and optimiser hyper-parameters (sizes filled in from the data).
         pretrain_gmf_dir, pretrain_mlp_dir: model_dirs of finished GMF and MLP runs on
             the same data, whose models start a fresh NeuMF run (both or neither).
@@ -81,6 +84,7 @@ class NcfConfig:
     num_neg: int = 4
     num_eval_negatives: int = constants.NUM_EVAL_NEGATIVES
     hr_threshold: float = 1.0
+    eval_ranking: str = constants.SAMPLED_RANKING
     model: ModelParams = ModelParams(num_users=0, num_items=0)
     pretrain_gmf_dir: str | None = None
     pretrain_mlp_dir: str | None = None

@@ -348,6 +348,16 @@ _NCF_FLAG_ROWS = (
         ),
     ),
     TOP_K,
+    FlagSpec(
+        "eval_ranking",
+        "How each evaluation ranks a user's held-out item: sampled (against the sampled "
+        "negatives, --num_eval_negatives or the NCF split's 99: the MLPerf and NCF "
+        "protocol), full (against every item the user has not interacted with: HR@k, "
+        "NDCG@k and Recall@k over the whole catalogue), or both. The run stops "
+        "(--hr_threshold) and selects (--eval_split validation) on the sampled HR@k "
+        "unless only full is computed.",
+        choices=constants.EVAL_RANKINGS,
+    ),
     FlagSpec("use_xla_for_gpu", "Compile with XLA when on GPU."),
     FlagSpec(
         "batches_per_step",
@@ -392,6 +402,17 @@ _NCF_FLAG_ROWS = (
         "--sparse_embedding_updates finds a batch's rows with tf.unique, whose output "
         "shape depends on the data, and TPUs need static shapes: use dense updates (the "
         "MLPerf reference's) on TPU",
+    ),
+    Rule(
+        ("output_ml_perf_compliance_logging", "eval_ranking"),
+        lambda values: (
+            not (
+                values["output_ml_perf_compliance_logging"]
+                and values["eval_ranking"] == constants.FULL_RANKING
+            )
+        ),
+        "MLPerf's eval_accuracy is the sampled HR@10: with "
+        "--output_ml_perf_compliance_logging use --eval_ranking both (or sampled)",
     ),
     Rule(
         ("output_ml_perf_compliance_logging", "use_synthetic_data"),

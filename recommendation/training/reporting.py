@@ -18,6 +18,7 @@ from recommendation.data import constants
 from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.model import hyperparams
 from recommendation.producer.run_folder import GenerationParams
+from recommendation.training.evaluations import metric_names, metrics_text
 from recommendation.training.ncf_common import NcfConfig
 
 
@@ -127,24 +128,21 @@ def report(
     split = config.data.eval_split
     validating = split == constants.VALIDATION_SPLIT
     logging.info(
-        "epoch %d: loss=%.4f %sHR@%d=%.4f NDCG@%d=%.4f (%.0f examples/s, eval %.1f s)",
+        "epoch %d: loss=%.4f %s%s (%.0f examples/s, eval %.1f s)",
         epoch,
         train["loss"],
         "validation " if validating else "",
-        top_k,
-        evaluation["hr"],
-        top_k,
-        evaluation["ndcg"],
+        metrics_text(evaluation, top_k, config.eval_ranking),
         rate,
         evaluation["seconds"],
     )
     prefix = "validation_" if validating else ""
+    metrics = {name: evaluation[name] for name in metric_names(config.eval_ranking)}
     summaries.write(
         runner.global_step,
         {
             "loss": train["loss"],
-            f"{prefix}hr": evaluation["hr"],
-            f"{prefix}ndcg": evaluation["ndcg"],
+            **{f"{prefix}{name}": value for name, value in metrics.items()},
             "examples_per_second": rate,
         },
     )
@@ -153,8 +151,7 @@ def report(
         epoch=epoch,
         split=split,
         loss=train["loss"],
-        hr=evaluation["hr"],
-        ndcg=evaluation["ndcg"],
+        **metrics,
         examples_per_second=rate,
         train_seconds=train["seconds"],
         eval_seconds=evaluation["seconds"],
@@ -169,13 +166,12 @@ def summary_line(summary: dict, top_k: int) -> str:
             f"synthetic throughput: {summary['examples_per_second']:,.0f} training "
             f"examples/s over {summary['epochs']} epoch(s)"
         )
-    metrics = f"HR@{top_k}={summary['best_hr']:.4f} NDCG@{top_k}={summary['best_ndcg']:.4f}"
+    ranking = summary.get("eval_ranking", constants.SAMPLED_RANKING)
+    metrics = metrics_text(_prefixed(summary, "best_"), top_k, ranking)
     validated = summary.get("test_hr") is not None
     if validated:
-        metrics = (
-            f"validation {metrics}; test HR@{top_k}={summary['test_hr']:.4f} "
-            f"NDCG@{top_k}={summary['test_ndcg']:.4f}"
-        )
+        test = metrics_text(_prefixed(summary, "test_"), top_k, ranking)
+        metrics = f"validation {metrics}; test {test}"
     if summary.get("resumed_finished_run"):
         scores = (
             f"epoch {summary['best_epoch']}, selected on validation, scores {metrics}"
@@ -198,6 +194,11 @@ def summary_line(summary: dict, top_k: int) -> str:
         f"{summary['examples_per_second']:,.0f} training examples/s, "
         f"{summary['total_seconds']:.1f} s in all{_failed_writes(summary)}"
     )
+
+
+def _prefixed(summary: dict, prefix: str) -> dict:
+    """The summary's metrics named `prefix` + name, by name."""
+    return {key[len(prefix) :]: value for key, value in summary.items() if key.startswith(prefix)}
 
 
 def _failed_writes(summary: dict) -> str:

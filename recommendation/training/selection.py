@@ -17,11 +17,9 @@ from official.core.runner import (
     Runner,
     completed_epochs_of,
 )
-from official.utils.logs.mlperf_helper import MlperfLogger
 from official.utils.misc import atomic, errors
 from recommendation.data import constants
-from recommendation.producer import data_pipeline
-from recommendation.producer.run_folder import EvalInfo
+from recommendation.training.evaluations import Evaluations, metric_names, metrics_text
 from recommendation.training.ncf_common import NcfConfig
 
 VALIDATION_HISTORY_FILE = "validation_history.json"  # in model_dir
@@ -38,14 +36,17 @@ class ValidationHistory:
 
     Args:
         path: The JSON file.
-        epochs: ``{"epoch", "hr", "ndcg"}`` per evaluated epoch, in epoch order.
+        epochs: ``{"epoch", "hr", "ndcg"}`` per evaluated epoch, in epoch order, and
+            the full ranking's metrics when computed (`evaluations.metric_names`).
         writer: Whether this task writes the file (the chief).
+        ranking: The run's --eval_ranking: its epochs are comparable only under one.
     """
 
-    def __init__(self, path: str, epochs: list[dict], writer: bool) -> None:
+    def __init__(self, path: str, epochs: list[dict], writer: bool, ranking: str) -> None:
         self.path = path
         self.epochs = epochs
         self.writer = writer
+        self.ranking = ranking
 
     @classmethod
     def open(
@@ -55,8 +56,9 @@ class ValidationHistory:
         for the test split.
 
         Raises:
-            ModelDirError: model_dir holds checkpoints of a run of the other split:
-                its epochs trained on other data.
+            ModelDirError: model_dir holds checkpoints of a run of the other split
+                (its epochs trained on other data), or of a validation run evaluated
+                with another --eval_ranking (its epochs' metrics are other ones).
         """
         path = os.path.join(config.model_dir, VALIDATION_HISTORY_FILE)
         resumed = completed_epochs > 0
@@ -68,8 +70,9 @@ class ValidationHistory:
                     "or start over with --clean or another --model_dir"
                 )
             return None
+        ranking = config.eval_ranking
         if not resumed:
-            history = cls(path, [], chief)
+            history = cls(path, [], chief, ranking)
             history.save()
             return history
         if not tf.io.gfile.exists(path):
@@ -79,9 +82,19 @@ class ValidationHistory:
                 "with --eval_split test, or start over with --clean or another --model_dir"
             )
         with tf.io.gfile.GFile(path) as stream:
-            epochs = json.load(stream)["epochs"]
+            kept = json.load(stream)
+        # Histories written before --eval_ranking existed hold sampled metrics.
+        kept_ranking = kept.get("eval_ranking", constants.SAMPLED_RANKING)
+        if kept_ranking != ranking:
+            raise ModelDirError(
+                f"{config.model_dir} holds a run evaluated with --eval_ranking "
+                f"{kept_ranking}, whose epochs' metrics are not this run's: resume it with "
+                f"--eval_ranking {kept_ranking}, or start over with --clean or another "
+                "--model_dir"
+            )
         # Epochs past the restored checkpoint were not kept: they are trained again.
-        return cls(path, [e for e in epochs if e["epoch"] < completed_epochs], chief)
+        epochs = [e for e in kept["epochs"] if e["epoch"] < completed_epochs]
+        return cls(path, epochs, chief, ranking)
 
     def has(self, epoch: int) -> bool:
         return any(record["epoch"] == epoch for record in self.epochs)
@@ -99,13 +112,20 @@ class ValidationHistory:
         """
         if not self.epochs or evaluation["hr"] > self.best()["hr"]:
             runner.save_best()
-        self.epochs.append({"epoch": epoch, "hr": evaluation["hr"], "ndcg": evaluation["ndcg"]})
+        metrics = {name: evaluation[name] for name in metric_names(self.ranking)}
+        self.epochs.append({"epoch": epoch, **metrics})
         self.save()
 
     def save(self) -> None:
         if not self.writer:
             return
-        text = json.dumps({"eval_split": constants.VALIDATION_SPLIT, "epochs": self.epochs})
+        text = json.dumps(
+            {
+                "eval_split": constants.VALIDATION_SPLIT,
+                "eval_ranking": self.ranking,
+                "epochs": self.epochs,
+            }
+        )
         try:
             atomic.write_file(self.path, text)
         except (tf.errors.OpError, OSError) as error:
@@ -115,12 +135,13 @@ class ValidationHistory:
             ) from None
 
 
-def test_selected(runner: Runner, epoch: int, test_info: EvalInfo, mlperf: MlperfLogger) -> dict:
+def test_selected(evaluator: Evaluations, epoch: int) -> dict:
     """Restores the weights of `epoch` (kept as the best) and evaluates the test set.
 
     Raises:
         ModelDirError: The kept checkpoint is not that epoch's.
     """
+    runner = evaluator.runner
     path = runner.restore_best()
     kept = completed_epochs_of(path) - 1
     if kept != epoch:
@@ -128,25 +149,11 @@ def test_selected(runner: Runner, epoch: int, test_info: EvalInfo, mlperf: Mlper
             f"{path} holds epoch {kept}, but the validation history of {runner.model_dir} "
             f"selects epoch {epoch}; start over with --clean or another --model_dir"
         )
-    test = evaluate(runner, test_info, epoch, mlperf)
+    test = evaluator.evaluate(constants.TEST_SPLIT, epoch)
     logging.info(
-        "epoch %d, selected on validation, restored from %s: test HR@%d=%.4f NDCG@%d=%.4f",
+        "epoch %d, selected on validation, restored from %s: test %s",
         epoch,
         path,
-        runner.params.top_k,
-        test["hr"],
-        runner.params.top_k,
-        test["ndcg"],
+        metrics_text(test, runner.params.top_k, evaluator.ranking),
     )
     return test
-
-
-def evaluate(runner: Runner, eval_info: EvalInfo, epoch: int, mlperf: MlperfLogger) -> dict:
-    """HR and NDCG of the model as it is, logged as the evaluation after `epoch`."""
-    mlperf.event("eval_start", epoch_num=epoch)
-    evaluation = runner.evaluate(
-        lambda: data_pipeline.eval_input_fn(eval_info), eval_info.num_batches
-    )
-    mlperf.event("eval_accuracy", evaluation["hr"], epoch_num=epoch)
-    mlperf.event("eval_stop", epoch_num=epoch)
-    return evaluation
