@@ -32,6 +32,9 @@ setup(
         "mlperf-logging>=4.1,<5",
         "tensorboard>=2.20",
         "redis[hiredis]>=5",
+        # The baselines: sparse interaction matrices (scipy) and iALS (implicit).
+        "scipy>=1.15",
+        "implicit>=0.7.2,<0.8",
     ],
     extras_require={
         # --export_onnx: tf2onnx converts, onnxruntime checks the result.

@@ -22,6 +22,14 @@ Suites (each prints a table; both systems run on this machine, in this run):
   and an MLP model trained alone, then NeuMF started from both and fine-tuned with SGD,
   each selected on validation, beside Table 2's pre-trained row.
 
+- ``baselines``: ItemPop, ItemKNN, EASE and iALS (the ``implicit`` library), each
+  tuned on validation within --baseline_budget random configurations and tested once,
+  Rendle et al.'s MF (ncf-main ``--model mf`` at each --mf_factors) and the pretrained
+  suite's NeuMF, every model scored by the same sampled and full-catalogue evaluation;
+  then NeuMF against each model user by user (paired bootstrap interval, McNemar's
+  test). On the NCF split beside Dacrema et al.'s and Rendle et al.'s numbers, or on a
+  MovieLens release with the MLPerf protocol (--baselines_dataset, --data_dir).
+
 With ``--refit`` the paper and pretrained suites also train each reported configuration
 again on all training data, the validation items back in (the paper trained on them),
 for the epochs that validation selected, and report that model's test HR once.
@@ -30,6 +38,9 @@ for the epochs that validation selected, and report that model's test HR once.
         --ratings ../shared/data/ml-1m/ratings.dat --peer ../shared/peer/ncf_official.sh
     python scripts/benchmark_training.py --suite paper --suite pretrained \
         --ncf_dir ../shared/data/ncf --log_dir /tmp/paper
+    python scripts/benchmark_training.py --suite pretrained --suite baselines \
+        --ncf_dir ../shared/data/ncf --paper_factors 64 --pretrain_gmf_part mf \
+        --log_dir /tmp/ladder --resume --plot_dir docs/images
 
 The paper, pretrained and convergence suites train for hours; stopped part way, the
 same command with ``--resume`` goes on from the runs that --log_dir holds finished.
@@ -46,6 +57,7 @@ import subprocess
 import tempfile
 
 import plots
+from training_benchmarks.baselines import baselines
 from training_benchmarks.convergence import convergence
 from training_benchmarks.harness import peer_process
 from training_benchmarks.paper import PAPER_TABLE2, PAPER_TOWER_DEPTHS, paper
@@ -53,6 +65,7 @@ from training_benchmarks.pretrained import pretrained
 from training_benchmarks.throughput import THROUGHPUT_EPOCHS, throughput
 from training_benchmarks.time_to_target import time_to_target
 
+from recommendation.baselines import search
 from recommendation.training import experiments
 
 
@@ -62,7 +75,7 @@ def main() -> None:
         "--suite",
         action="append",
         required=True,
-        choices=["throughput", "time_to_target", "paper", "pretrained", "convergence"],
+        choices=["throughput", "time_to_target", "paper", "pretrained", "convergence", "baselines"],
     )
     parser.add_argument("--ratings", help="ML-1M ratings.dat")
     parser.add_argument("--ncf_dir", help="folder holding ml-1m.train.rating etc.")
@@ -204,6 +217,39 @@ def main() -> None:
         help="the paper used 256; larger batches keep this CPU run short; default: "
         f"{protocol['batch_size']}, the experiment's",
     )
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        choices=list(search.BASELINES),
+        help="baselines of the baselines suite (default: all)",
+    )
+    parser.add_argument(
+        "--baseline_budget",
+        type=int,
+        default=35,
+        help="configurations each tunable baseline tries on validation (Dacrema et al. "
+        "gave each 35)",
+    )
+    parser.add_argument(
+        "--baseline_search_seed",
+        type=int,
+        default=1,
+        help="seed of the configurations drawn and of the sampled evaluation negatives",
+    )
+    parser.add_argument(
+        "--baselines_dataset",
+        default="ncf-ml-1m",
+        help="the NCF paper's split (with --ncf_dir), or a MovieLens release under "
+        "--data_dir evaluated with the MLPerf protocol (999 sampled negatives)",
+    )
+    parser.add_argument("--data_dir", help="ncf-main --data_dir of --baselines_dataset")
+    parser.add_argument(
+        "--mf_factors",
+        type=int,
+        action="append",
+        help="dimensions of the baselines suite's MF runs (default: 192, Rendle et al.'s)",
+    )
+    parser.add_argument("--bootstrap_resamples", type=int, default=10_000)
     args = parser.parse_args()
     if args.resume and not args.log_dir:
         parser.error("--resume needs --log_dir, the folder of the runs to go on from")
@@ -214,6 +260,8 @@ def main() -> None:
     args.paper_seed = args.paper_seed or [1, 2, 3]
     args.pretrain_learning_rate = args.pretrain_learning_rate or [0.001]
     args.pretrain_gmf_part = args.pretrain_gmf_part or ["gmf", "mf"]
+    args.baseline = args.baseline or list(search.BASELINES)
+    args.mf_factors = args.mf_factors or [192]
     if args.peer:
         subprocess.run(["bash", args.peer, "setup"], check=True, **peer_process())
         if args.ratings:
@@ -232,6 +280,7 @@ def main() -> None:
                 "paper": paper,
                 "pretrained": pretrained,
                 "convergence": convergence,
+                "baselines": baselines,
             }
             suites[suite](args, work)
 

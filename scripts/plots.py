@@ -62,19 +62,27 @@ def line_chart(
     return _write(figure, axes, path, title, x_label, y_label, caption)
 
 
-def bar_chart(path: str, title: str, x_label: str, bars: Mapping[str, float], caption: str) -> str:
+def bar_chart(
+    path: str,
+    title: str,
+    x_label: str,
+    bars: Mapping[str, float],
+    caption: str,
+    value_format: str = "{x:,.0f}",
+) -> str:
     """Writes a horizontal bar per entry of `bars` (``label: value``, top to bottom),
-    each with its value at its end, to `path`. Returns `path`."""
+    each with its value (`value_format`) at its end, to `path`. Returns `path`."""
     figure = _figure()
     axes = figure.subplots()
     labels, values = list(bars), list(bars.values())
     drawn = axes.barh(range(len(bars)), values)
-    axes.bar_label(drawn, [f"{value:,.0f}" for value in values], padding=3, fontsize="small")
+    labels_at_ends = [value_format.format(x=value) for value in values]
+    axes.bar_label(drawn, labels_at_ends, padding=3, fontsize="small")
     axes.set_yticks(range(len(bars)), labels, fontsize="small")
     axes.invert_yaxis()  # the first row on top, as in the table
     axes.margins(x=0.15)  # room for the values
     axes.xaxis.set_major_locator(_ticker().MaxNLocator(5))
-    axes.xaxis.set_major_formatter(_ticker().StrMethodFormatter("{x:,.0f}"))
+    axes.xaxis.set_major_formatter(_ticker().StrMethodFormatter(value_format))
     return _write(figure, axes, path, title, x_label, "", caption)
 
 

@@ -136,6 +136,19 @@ def _run_holding_model_dir(
     return RunResult(summary, runner)
 
 
+def restore_selected(config: NcfConfig) -> tuple[Runner, PreprocessedData]:
+    """The model a finished ``--eval_split validation`` run in `config.model_dir` tested:
+    the epoch validation selected (MODEL_DIR/best), on one device, with its data.
+
+    Raises:
+        ModelDirError: model_dir holds no selected model.
+    """
+    data = preprocessing_cache.load_or_build(config.data).data
+    runner = _make_runner(config, data, tf.distribute.get_strategy())
+    runner.restore_best()
+    return runner, data
+
+
 def check_eval_split(config: NcfConfig) -> None:
     """Rejects what cannot go with ``--eval_split validation``.
 

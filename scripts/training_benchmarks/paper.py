@@ -79,23 +79,27 @@ def paper_arguments(args, factors: int, part: str) -> list[str]:
 def paper_run(
     args, work: str, name: str, factors: int, seed: int, *flags: str, part: str = "neumf"
 ) -> tuple:
-    """One validation-selected run of the paper protocol's `part` (`paper_arguments`),
-    `flags` after them (a later flag wins); returns (its summary, wall seconds)."""
-    seconds = run_or_resume(
-        args,
-        work,
-        name,
-        [
-            *paper_arguments(args, factors, part),
-            f"--data_dir={os.path.dirname(args.ncf_dir)}",
-            f"--cache_dir={work}/ncf_cache",
-            f"--model_dir={work}/{name}",
-            "--clean",
-            f"--seed={seed}",
-            *flags,
-        ],
-    )
+    """One validation-selected run of the paper protocol's `part` (`paper_flags`);
+    returns (its summary, wall seconds)."""
+    run_flags = paper_flags(args, work, name, factors, seed, *flags, part=part)
+    seconds = run_or_resume(args, work, name, run_flags)
     return last_summary(f"{work}/{name}/benchmark.jsonl"), seconds
+
+
+def paper_flags(
+    args, work: str, name: str, factors: int, seed: int, *flags: str, part: str = "neumf"
+) -> list[str]:
+    """The ncf-main flags of the paper protocol's `part` (`paper_arguments`) as the run
+    `name` in `work`, `flags` after them (a later flag wins)."""
+    return [
+        *paper_arguments(args, factors, part),
+        f"--data_dir={os.path.dirname(args.ncf_dir)}",
+        f"--cache_dir={work}/ncf_cache",
+        f"--model_dir={work}/{name}",
+        "--clean",
+        f"--seed={seed}",
+        *flags,
+    ]
 
 
 PAPER_HEADER = (

@@ -80,3 +80,21 @@ def throughput_figure(args, rows: list[tuple[str, float, int]]) -> str | None:
         {name: examples_per_second for name, examples_per_second, _ in rows},
         machine_line(args.peer),
     )
+
+
+def baselines_figure(args, report: dict) -> str:
+    """``baselines.png``: each model's test HR@10, sampled and over the full catalogue
+    (the baselines suite's rows, in its order)."""
+    bars = {}
+    for name, record in report.items():
+        bars[f"{name}, sampled"] = record["hr"]
+        bars[f"{name}, full"] = record["full_hr"]
+    return figures.bar_chart(
+        os.path.join(args.plot_dir, "baselines.png"),
+        f"Test HR@10 on {args.baselines_dataset}, each model selected on validation",
+        f"HR@10 (sampled: {99 if args.baselines_dataset.startswith('ncf-') else 999} "
+        "negatives; full: every item)",
+        bars,
+        machine_line(None),
+        value_format="{x:.4f}",
+    )

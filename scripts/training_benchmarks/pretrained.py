@@ -54,8 +54,8 @@ def pretrained(args, work: str) -> None:
                 parts[seed, part] = summary
                 print(paper_run_row(factors, seed, part, summary, None, seconds))
             for (part, rate), runs in summaries.items():
-                name = _pretrained_name(factors, seed, part, rate)
-                flags = _fine_tuning_flags(args, work, factors, seed, part, rate)
+                name = pretrained_name(factors, seed, part, rate)
+                flags = fine_tuning_flags(args, work, factors, seed, part, rate)
                 summary, seconds = paper_run(args, work, name, factors, seed, *flags)
                 runs.append(summary)
                 print(
@@ -99,8 +99,8 @@ def _pretrained_refits(
                 args, work, name, factors, seed, parts[seed, each], part=each
             )
             print(paper_run_row(factors, seed, each, refit, None, seconds))
-        name = _pretrained_name(factors, seed, part, rate)
-        flags = _fine_tuning_flags(args, work, factors, seed, part, rate, REFIT_SUFFIX)
+        name = pretrained_name(factors, seed, part, rate)
+        flags = fine_tuning_flags(args, work, factors, seed, part, rate, REFIT_SUFFIX)
         refit, seconds = refit_run(args, work, name, factors, seed, selected, *flags)
         refits.append(refit)
         print(paper_run_row(factors, seed, _setting(*chosen), refit, paper_row, seconds))
@@ -111,11 +111,11 @@ def _part_name(factors: int, seed: int, part: str) -> str:
     return f"pretrained{factors}_seed{seed}_{part}"
 
 
-def _pretrained_name(factors: int, seed: int, part: str, rate: float) -> str:
+def pretrained_name(factors: int, seed: int, part: str, rate: float) -> str:
     return f"pretrained{factors}_seed{seed}_neumf_{part}_sgd{rate:g}"
 
 
-def _fine_tuning_flags(
+def fine_tuning_flags(
     args, work: str, factors: int, seed: int, part: str, rate: float, suffix: str = ""
 ) -> tuple[str, ...]:
     """NeuMF started from the MLP part and the GMF `part` of `seed` (their runs' names

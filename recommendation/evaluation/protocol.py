@@ -1,0 +1,100 @@
+"""One split's evaluation protocol for any model that scores every item: the sampled
+ranking (the producer's evaluation blocks, ranked by NeuMF's own `compute_hr_ndcg`) and
+the full ranking (`full_ranking`), both from one scoring pass, kept per user so that two
+models can be compared user by user (`paired`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from recommendation.data.data_preprocessing import PreprocessedData
+from recommendation.evaluation.full_ranking import FullRanking, ScoreUsers
+from recommendation.model.neumf_model import compute_hr_ndcg
+from recommendation.producer import negative_sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class UserResults:
+    """A model's per-user results on one split.
+
+    Attributes:
+        sampled_hits, sampled_ndcgs: `(num_users,)` HR@k and NDCG@k against the
+            sampled negatives.
+        full_ranks: `(num_users,)` rank of the held-out item among every candidate.
+        k: The cut-off.
+        seconds: Wall time of the evaluation, scoring included.
+    """
+
+    sampled_hits: np.ndarray
+    sampled_ndcgs: np.ndarray
+    full_ranks: np.ndarray
+    k: int
+    seconds: float
+
+    @property
+    def full_hits(self) -> np.ndarray:
+        return (self.full_ranks < self.k).astype(np.float64)
+
+    def metrics(self) -> dict[str, float]:
+        """``hr``, ``ndcg`` (sampled) and ``full_hr``, ``full_ndcg``, ``full_recall``
+        (one held-out item per user: Recall@k = HR@k)."""
+        full_ndcgs = np.where(self.full_ranks < self.k, 1.0 / np.log2(self.full_ranks + 2.0), 0.0)
+        return {
+            "hr": float(self.sampled_hits.mean()),
+            "ndcg": float(self.sampled_ndcgs.mean()),
+            "full_hr": float(self.full_hits.mean()),
+            "full_ndcg": float(full_ndcgs.mean()),
+            "full_recall": float(self.full_hits.mean()),
+        }
+
+
+class SplitProtocol:
+    """The evaluation of `split` as ncf-main runs it: the same sampled blocks (the
+    producer's `negative_sampling.eval_blocks`, same seed and negatives; the NCF
+    split's fixed negatives for its test set) and the same full ranking.
+
+    Args:
+        data: The preprocessed data the model trained on.
+        split: `constants.TEST_SPLIT` or `constants.VALIDATION_SPLIT`.
+        num_eval_negatives: Sampled negatives per user (unused with fixed ones).
+        seed: The run's --seed (the sampled negatives' stream).
+        k: The cut-off.
+    """
+
+    def __init__(
+        self,
+        data: PreprocessedData,
+        split: str,
+        num_eval_negatives: int,
+        seed: int,
+        k: int = 10,
+    ) -> None:
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            self.blocks = negative_sampling.eval_blocks(data, num_eval_negatives, seed, pool, split)
+        self.full = FullRanking.of(data, split)
+        self.k = k
+        self.split = split
+
+    def evaluate(self, score_users: ScoreUsers, users_per_block: int) -> UserResults:
+        """Every user's results with the model `score_users` (users -> `(block,
+        num_items)` scores)."""
+        num_users = self.full.num_users
+        hits = np.zeros(num_users)
+        ndcgs = np.zeros(num_users)
+
+        def scored_both_ways(users: np.ndarray):
+            scores = tf.convert_to_tensor(score_users(users), dtype=tf.float32)
+            blocks = tf.gather(scores, self.blocks.items[users], axis=1, batch_dims=1)
+            hit, ndcg = compute_hr_ndcg(
+                blocks, tf.constant(self.blocks.duplicate_mask[users]), self.k
+            )
+            hits[users], ndcgs[users] = hit.numpy(), ndcg.numpy()
+            return scores
+
+        ranked = self.full.rank(scored_both_ways, users_per_block, self.k)
+        return UserResults(hits, ndcgs, ranked.ranks, self.k, ranked.seconds)
