@@ -111,19 +111,24 @@ class Ials:
     def __init__(self, factors: int, l2: float, alpha: float, iterations: int, seed: int) -> None:
         from implicit.cpu.als import AlternatingLeastSquares  # imported when used: slow
 
-        self.model = AlternatingLeastSquares(
-            factors=factors,
-            regularization=l2,
-            alpha=alpha,
-            iterations=iterations,
-            random_state=seed,
-        )
+        with _one_blas_thread():  # else implicit warns that BLAS threads oversubscribe
+            self.model = AlternatingLeastSquares(
+                factors=factors,
+                regularization=l2,
+                alpha=alpha,
+                iterations=iterations,
+                random_state=seed,
+            )
 
     def fit(self, train: sp.csr_matrix) -> Ials:
-        # implicit parallelises over users itself; BLAS threads under it oversubscribe.
-        with threadpoolctl.threadpool_limits(1, "blas"):
+        with _one_blas_thread():
             self.model.fit(train, show_progress=False)
         return self
 
     def scores(self, users: np.ndarray) -> np.ndarray:
         return self.model.user_factors[users] @ self.model.item_factors.T
+
+
+def _one_blas_thread() -> threadpoolctl.threadpool_limits:
+    """implicit parallelises over users itself: BLAS threads under it oversubscribe."""
+    return threadpoolctl.threadpool_limits(1, "blas")
