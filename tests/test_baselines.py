@@ -14,7 +14,6 @@ from conftest import SCRIPTS_DIR, tiny_ncf_config, write_movielens
 
 from recommendation.baselines import models, search
 from recommendation.data import constants
-from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.evaluation import paired
 from recommendation.evaluation.full_ranking import ModelScores
 from recommendation.evaluation.protocol import SplitProtocol
