@@ -138,12 +138,20 @@ def test_blocks_of_users_give_the_ranks_of_one_block_and_of_a_plain_count():
         assert ranking.rank(_item_scores(table), block, k=2).ranks.tolist() == expected
 
 
-def test_neumf_scores_of_every_item_are_its_scores_of_each_pair():
+@pytest.mark.parametrize("kind", ["neumf", "gmf", "mlp", "mf"])
+def test_a_models_scores_of_every_item_are_its_scores_of_each_pair(kind):
     params = hyperparams.ModelParams(
-        num_users=7, num_items=11, mf_dim=4, layers=(8, 6, 4), mlp_regularization=(0, 0, 0)
+        num_users=7,
+        num_items=11,
+        mf_dim=4,
+        layers=(8, 6, 4),
+        mlp_regularization=(0, 0, 0),
+        model_kind=kind,
     )
     tf.keras.utils.set_random_seed(3)
     model = network.build_model(params)
+    for weight in model.weights:  # biases too: none may be left out
+        weight.assign(tf.random.normal(weight.shape, seed=1))
     scores = full_ranking.ModelScores(model)
     users = np.arange(7, dtype=np.int32)
     every = scores.for_evaluation()(users).numpy()
@@ -155,7 +163,8 @@ def test_neumf_scores_of_every_item_are_its_scores_of_each_pair():
     np.testing.assert_allclose(every, each, rtol=1e-5, atol=1e-6)
     # The block keeps a (users, items, widest layer) float32 tensor within 256 MiB.
     assert scores.users_per_block(7) == 7
-    assert full_ranking.users_per_block(26_744, 256, 138_493) == 9
+    assert full_ranking.users_per_block(26_744, 128, 138_493) == 19
+    assert full_ranking.users_per_block(26_744, 1, 138_493) == 2_509
     assert full_ranking.users_per_block(10**9, 256, 5) == 1
 
 

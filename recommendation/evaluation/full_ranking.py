@@ -210,6 +210,8 @@ class ModelScores:
         return lambda users: self._score(tf.constant(users, tf.int32), side)
 
     def users_per_block(self, num_users: int) -> int:
+        """Users per block: a pair's widest tensor is an MLP layer's output above the
+        first (the GMF share is one matrix product), else its logit."""
         model = self.model
-        widest = max((*model.layer_sizes, model.mf_dim))
+        widest = max(model.layer_sizes[1:]) if model.mlp else 1
         return users_per_block(model.num_items, widest, num_users)

@@ -315,10 +315,28 @@ class NeuMF(keras.Model):
         return table[:, : self.gmf_width], self._first_layer_term(table[:, self.gmf_width :], 1)
 
     def score_against(self, users, item_side: tuple):
-        """Logits `(batch, num_items)` of `users` against `item_side` (`item_side()`)."""
+        """Logits `(batch, num_items)` of `users` against `item_side` (`item_side()`).
+
+        The logit layer is linear, so its GMF share is one matrix product, ``(u * w_gmf)
+        i^T``, and no `(batch, num_items, mf_dim)` product is made; the MLP share runs
+        the layers above the first on every pair.
+        """
         rows, item_term = item_side
-        user = self.user_embedding(users)[:, None, :]
-        return self._score_grid(user, rows[None], None if item_term is None else item_term[None])
+        user = self.user_embedding(users)
+        if self.mlp_width and not self.mlp:  # the MLP halves feed the logit directly
+            return self._score_grid(user[:, None, :], rows[None])
+        kernel = keras.ops.cast(self.logit.kernel[:, 0], self.compute_dtype)
+        logits = keras.ops.cast(self.logit.bias, self.compute_dtype)
+        if self.gmf_width:
+            weighted = user[:, : self.gmf_width] * kernel[: self.gmf_width]
+            logits = logits + keras.ops.matmul(weighted, keras.ops.transpose(rows))
+        if self.mlp:
+            user_term = self._first_layer_term(user[:, self.gmf_width :], 0)
+            output = self._first_layer_output(user_term[:, None, :], item_term[None])
+            for layer in self.mlp[1:]:
+                output = layer(output)
+            logits = logits + keras.ops.matmul(output, kernel[self.gmf_width :])
+        return logits
 
     def score_blocks(self, users, items):
         """Logits of each user's block of items: what evaluation needs.
