@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from official.utils.misc import machine
@@ -41,6 +42,14 @@ def test_the_peak_rss_of_a_live_process_and_of_a_gone_one():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert machine.peak_rss_bytes(child.pid) is None
+
+
+def test_the_peak_rss_starts_again_from_the_current_size():
+    block = np.ones(100 * 2**20 // 8)  # 100 MiB, touched
+    before = machine.peak_rss_bytes(os.getpid())
+    del block
+    machine.reset_peak_rss()
+    assert before - machine.peak_rss_bytes(os.getpid()) >= 80 * 2**20
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

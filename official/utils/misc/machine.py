@@ -93,3 +93,11 @@ def peak_rss_bytes(pid: int) -> int | None:
     except OSError:
         pass
     return None
+
+
+def reset_peak_rss() -> None:
+    """Starts this process's peak resident set (VmHWM) again from its current size
+    (Linux's ``/proc/self/clear_refs``), so that a later `peak_rss_bytes` measures one
+    piece of work, not what came before it."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
