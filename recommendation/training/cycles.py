@@ -245,7 +245,7 @@ def train_and_evaluate(
     params = _generation_params(config, data, runner, cycles, first_epoch, mlperf)
     reporting.log_hparams(mlperf, config, runner.params, data, params)
     summaries = ScalarSummaries(config.model_dir if runner.is_chief else None)
-    best = {"hr": 0.0, "ndcg": 0.0, "epoch": first_epoch}
+    best: dict | None = None  # the evaluation with the best HR, the earliest on ties
     summary = {
         "epochs": first_epoch,
         "time_to_target_s": None,
@@ -314,7 +314,7 @@ def train_and_evaluate(
             summary["train_points"] += train["num_points"]
             summary["train_seconds"] += train["seconds"]
             reporting.report(config, runner, summaries, benchmark, epoch - 1, train, evaluation)
-            if evaluation["hr"] > best["hr"]:
+            if best is None or evaluation["hr"] > best["hr"]:
                 best = {**evaluation, "epoch": epoch - 1}
             if evaluation["hr"] >= config.hr_threshold:
                 summary["time_to_target_s"] = time.perf_counter() - start
@@ -335,9 +335,7 @@ def train_and_evaluate(
         reached = summary["time_to_target_s"] is not None
         mlperf.event("run_stop", status=mlperf_helper.SUCCESS if reached else mlperf_helper.ABORTED)
     trained = summary["train_seconds"] > 0
-    summary.update(
-        {f"best_{name}": best.get(name, 0.0) for name in metric_names(config.eval_ranking)}
-    )
+    summary.update({f"best_{name}": best[name] for name in metric_names(config.eval_ranking)})
     summary.update(
         eval_ranking=config.eval_ranking,
         best_epoch=best["epoch"],
