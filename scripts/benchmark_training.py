@@ -103,7 +103,8 @@ def main() -> None:
     parser.add_argument(
         "--plot_dir",
         help="also draw the results there (matplotlib, the benchmark extra): "
-        "throughput.png, convergence.png, paper_hr_per_epoch.png (default: no figures)",
+        "throughput.png, convergence.png, paper_hr_per_epoch.png, "
+        "baselines_<dataset>.png (default: no figures)",
     )
     parser.add_argument(
         "--resume",

@@ -83,14 +83,14 @@ def throughput_figure(args, rows: list[tuple[str, float, int]]) -> str | None:
 
 
 def baselines_figure(args, report: dict) -> str:
-    """``baselines.png``: each model's test HR@10, sampled and over the full catalogue
-    (the baselines suite's rows, in its order)."""
+    """``baselines_<dataset>.png``: each model's test HR@10, sampled and over the full
+    catalogue (the baselines suite's rows, in its order)."""
     bars = {}
     for name, record in report.items():
         bars[f"{name}, sampled"] = record["hr"]
         bars[f"{name}, full"] = record["full_hr"]
     return figures.bar_chart(
-        os.path.join(args.plot_dir, "baselines.png"),
+        os.path.join(args.plot_dir, f"baselines_{args.baselines_dataset}.png"),
         f"Test HR@10 on {args.baselines_dataset}, each model selected on validation",
         f"HR@10 (sampled: {99 if args.baselines_dataset.startswith('ncf-') else 999} "
         "negatives; full: every item)",
