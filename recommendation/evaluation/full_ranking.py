@@ -200,15 +200,20 @@ class ModelScores:
 
     def __init__(self, model) -> None:
         self.model = model
-        self._score = tf.function(
-            lambda users, side: tf.cast(model.score_against(users, side), tf.float32),
-            reduce_retracing=True,
-        )
+        # No tensor-dependent Python control flow to convert: no autograph.
+        self._score = tf.function(self._scores, reduce_retracing=True, autograph=False)
+
+    def _scores(self, users: tf.Tensor, side: tuple) -> tf.Tensor:
+        return tf.cast(self.model.score_against(users, side), tf.float32)
 
     def for_evaluation(self) -> ScoreUsers:
         """Scores of the model as it is now (the item side is read here)."""
         side = tuple(None if part is None else tf.identity(part) for part in self.model.item_side())
-        return lambda users: self._score(tf.constant(users, tf.int32), side)
+
+        def score_users(users: np.ndarray) -> tf.Tensor:
+            return self._score(tf.constant(users, tf.int32), side)
+
+        return score_users
 
     def users_per_block(self, num_users: int) -> int:
         """Users per block: a pair's widest tensor is an MLP layer's output above the
