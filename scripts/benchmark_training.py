@@ -243,6 +243,12 @@ def main() -> None:
         help="the NCF paper's split (with --ncf_dir), or a MovieLens release under "
         "--data_dir evaluated with the MLPerf protocol (999 sampled negatives)",
     )
+    parser.add_argument(
+        "--baseline_seed",
+        type=int,
+        action="append",
+        help="seeds a random baseline (iALS) is fitted with for the test (default: 1, 2, 3)",
+    )
     parser.add_argument("--data_dir", help="ncf-main --data_dir of --baselines_dataset")
     parser.add_argument(
         "--mf_factors",
@@ -262,6 +268,7 @@ def main() -> None:
     args.pretrain_learning_rate = args.pretrain_learning_rate or [0.001]
     args.pretrain_gmf_part = args.pretrain_gmf_part or ["gmf", "mf"]
     args.baseline = args.baseline or list(search.BASELINES)
+    args.baseline_seed = args.baseline_seed or [1, 2, 3]
     args.mf_factors = args.mf_factors or [192]
     if args.peer:
         subprocess.run(["bash", args.peer, "setup"], check=True, **peer_process())

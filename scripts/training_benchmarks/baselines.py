@@ -116,7 +116,7 @@ def _baseline_row(args, baseline, validation_data, validation, test_data, test):
         progress,
     )
     best = search.chosen(trials)
-    seeds = args.paper_seed if baseline.seeded else args.paper_seed[:1]
+    seeds = args.baseline_seed if baseline.seeded else args.baseline_seed[:1]
     runs = []
     fits = []
     for seed in seeds:
@@ -218,14 +218,14 @@ def _summary(model_dir: str) -> dict:
 
 def _paired_table(args, rows: dict[str, list[UserResults]], report: dict) -> None:
     """The reference model (NeuMF when it ran, else the best on validation) against
-    every other, on the first seed's per-user test hits."""
+    every other, on each model's first seed's per-user test hits."""
     if len(rows) < 2:
         return
     reference = (
         "neumf" if "neumf" in rows else max(report, key=lambda n: report[n]["validation_hr"])
     )
     print(
-        f"\n{reference} against each model, per user (test, seed {args.paper_seed[0]}): "
+        f"\n{reference} against each model, per user (test, each model's first seed): "
         f"HR@10 difference with its 95% paired bootstrap interval ({args.bootstrap_resamples} "
         "resamples), users hit by one model only, McNemar's exact p"
     )
