@@ -92,7 +92,7 @@ def baselines(args, work: str) -> None:
     if args.plot_dir:
         from training_benchmarks.plots import baselines_figure
 
-        print(f"chart: {baselines_figure(args, report)}")
+        baselines_figure(args, report)  # prints where it wrote the figure
 
 
 def _baseline_row(args, baseline, validation_data, validation, test_data, test):
