@@ -115,7 +115,7 @@ def run_row(model_name: str, shape: str, users: int, ratings: str | None) -> dic
     )
     # Its blocks hold a (pairs, widest layer) tensor within the same bound as ours.
     pair_block = users_per_block(data.num_items, max((*layers, factors)), ranked_users)
-    pair_users = min(ranked_users, 4 * pair_block)
+    pair_users = min(ranked_users, 16 * pair_block)
     every_item = np.arange(data.num_items, dtype=np.int32)
 
     def score_pairs(block_users: np.ndarray):
