@@ -90,6 +90,10 @@ def test_model_garden_command_line_still_parses():
         (["--run_eagerly", "--enable_xla"], "nothing for --enable_xla to compile"),
         (["--eval_ranking=all"], "value should be one of"),
         (
+            ["--eval_ranking=both", "--distribution_strategy=tpu", "--tpu=t"],
+            "use --eval_ranking sampled with --distribution_strategy tpu",
+        ),
+        (
             ["--eval_ranking=full", "--output_ml_perf_compliance_logging"],
             "MLPerf's eval_accuracy is the sampled HR@10: with "
             "--output_ml_perf_compliance_logging use --eval_ranking both",

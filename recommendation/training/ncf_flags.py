@@ -415,6 +415,15 @@ _NCF_FLAG_ROWS = (
         "--output_ml_perf_compliance_logging use --eval_ranking both (or sampled)",
     ),
     Rule(
+        ("distribution_strategy", "eval_ranking"),
+        lambda values: (
+            values["distribution_strategy"] != "tpu"
+            or values["eval_ranking"] == constants.SAMPLED_RANKING
+        ),
+        "--eval_ranking full and both rank on the host, outside the TPU replicas, which "
+        "is not supported: use --eval_ranking sampled with --distribution_strategy tpu",
+    ),
+    Rule(
         ("output_ml_perf_compliance_logging", "use_synthetic_data"),
         lambda values: (
             not (values["output_ml_perf_compliance_logging"] and values["use_synthetic_data"])
