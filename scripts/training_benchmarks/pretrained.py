@@ -49,7 +49,7 @@ def pretrained(args, work: str) -> None:
         parts = {}  # (seed, part): the part's validation-selected run
         for seed in args.paper_seed:
             for part in ("mlp", *args.pretrain_gmf_part):
-                name = _part_name(factors, seed, part)
+                name = part_name(factors, seed, part)
                 summary, seconds = paper_run(args, work, name, factors, seed, part=part)
                 parts[seed, part] = summary
                 print(paper_run_row(factors, seed, part, summary, None, seconds))
@@ -94,7 +94,7 @@ def _pretrained_refits(
     refits = []
     for seed, selected in zip(args.paper_seed, selected_runs, strict=True):
         for each in ("mlp", part):
-            name = _part_name(factors, seed, each)
+            name = part_name(factors, seed, each)
             refit, seconds = refit_run(
                 args, work, name, factors, seed, parts[seed, each], part=each
             )
@@ -107,7 +107,7 @@ def _pretrained_refits(
     print(paper_mean_row(factors, _setting(*chosen), refits, paper_row))
 
 
-def _part_name(factors: int, seed: int, part: str) -> str:
+def part_name(factors: int, seed: int, part: str) -> str:
     return f"pretrained{factors}_seed{seed}_{part}"
 
 
@@ -121,8 +121,8 @@ def fine_tuning_flags(
     """NeuMF started from the MLP part and the GMF `part` of `seed` (their runs' names
     + `suffix`) and fine-tuned with plain SGD at `rate`, the paper's switch."""
     return (
-        f"--pretrain_gmf_dir={work}/{_part_name(factors, seed, part)}{suffix}",
-        f"--pretrain_mlp_dir={work}/{_part_name(factors, seed, 'mlp')}{suffix}",
+        f"--pretrain_gmf_dir={work}/{part_name(factors, seed, part)}{suffix}",
+        f"--pretrain_mlp_dir={work}/{part_name(factors, seed, 'mlp')}{suffix}",
         "--optimizer=sgd",
         f"--learning_rate={rate}",
         f"--train_epochs={args.pretrain_epochs or paper_setting(args, 'paper_epochs')}",
