@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from recommendation.data.data_preprocessing import PreprocessedData
-from recommendation.evaluation.full_ranking import FullRanking, ScoreUsers
+from recommendation.evaluation.full_ranking import FullRanking, RankedUsers, ScoreUsers
 from recommendation.model.neumf_model import compute_hr_ndcg
 from recommendation.producer import negative_sampling
 
@@ -25,31 +25,20 @@ class UserResults:
     Attributes:
         sampled_hits, sampled_ndcgs: `(num_users,)` HR@k and NDCG@k against the
             sampled negatives.
-        full_ranks: `(num_users,)` rank of the held-out item among every candidate.
-        k: The cut-off.
-        seconds: Wall time of the evaluation, scoring included.
+        full: The full ranking's per-user ranks (its seconds: the whole evaluation's).
     """
 
     sampled_hits: np.ndarray
     sampled_ndcgs: np.ndarray
-    full_ranks: np.ndarray
-    k: int
-    seconds: float
-
-    @property
-    def full_hits(self) -> np.ndarray:
-        return (self.full_ranks < self.k).astype(np.float64)
+    full: RankedUsers
 
     def metrics(self) -> dict[str, float]:
-        """``hr``, ``ndcg`` (sampled) and ``full_hr``, ``full_ndcg``, ``full_recall``
-        (one held-out item per user: Recall@k = HR@k)."""
-        full_ndcgs = np.where(self.full_ranks < self.k, 1.0 / np.log2(self.full_ranks + 2.0), 0.0)
+        """``hr``, ``ndcg`` (sampled) and ``full_hr``, ``full_ndcg``, ``full_recall``."""
+        full = self.full.metrics()
         return {
             "hr": float(self.sampled_hits.mean()),
             "ndcg": float(self.sampled_ndcgs.mean()),
-            "full_hr": float(self.full_hits.mean()),
-            "full_ndcg": float(full_ndcgs.mean()),
-            "full_recall": float(self.full_hits.mean()),
+            **{f"full_{name}": full[name] for name in ("hr", "ndcg", "recall")},
         }
 
 
@@ -96,5 +85,4 @@ class SplitProtocol:
             hits[users], ndcgs[users] = hit.numpy(), ndcg.numpy()
             return scores
 
-        ranked = self.full.rank(scored_both_ways, users_per_block, self.k)
-        return UserResults(hits, ndcgs, ranked.ranks, self.k, ranked.seconds)
+        return UserResults(hits, ndcgs, self.full.rank(scored_both_ways, users_per_block, self.k))

@@ -242,7 +242,7 @@ def _paired_table(args, rows: dict[str, list[UserResults]], report: dict) -> Non
             continue
         for ranking in ("sampled", "full"):
             ours, theirs = (
-                (r[0].sampled_hits if ranking == "sampled" else r[0].full_hits)
+                (r[0].sampled_hits if ranking == "sampled" else r[0].full.hits)
                 for r in (rows[reference], results)
             )
             comparison = paired.compare(ours, theirs, resamples=args.bootstrap_resamples)
