@@ -22,6 +22,7 @@ from recommendation.evaluation.protocol import SplitProtocol, UserResults
 from recommendation.training import cycles, ncf_common
 from training_benchmarks.harness import machine_line, mean_and_sd
 from training_benchmarks.paper import paper_flags, paper_run
+from training_benchmarks.plots import baselines_figure
 from training_benchmarks.pretrained import fine_tuning_flags, part_name, pretrained_name
 
 # Published HR@10 / NDCG@10 on the NCF paper's ML-1M split: Dacrema et al. (TOIS 2021,
@@ -41,12 +42,12 @@ HEADER = (
 )
 
 
-def _data(args, split: str) -> PreprocessedData:
+def _data(args, work: str, split: str) -> PreprocessedData:
     """The suite's dataset, holding out the validation items or not (`split`)."""
     config = DataConfig(
         dataset=args.baselines_dataset,
         data_dir=args.data_dir or os.path.dirname(args.ncf_dir),
-        cache_dir=os.path.join(args.work, f"baselines_cache_{split}"),
+        cache_dir=os.path.join(work, f"baselines_cache_{split}"),
         eval_split=split,
     )
     return preprocessing_cache.load_or_build(config).data
@@ -58,7 +59,6 @@ def _negatives(args) -> int:
 
 
 def baselines(args, work: str) -> None:
-    args.work = work
     ncf_split = args.baselines_dataset.startswith("ncf-")
     print(
         f"\nBaselines on {args.baselines_dataset} ({_negatives(args)} sampled negatives; "
@@ -66,7 +66,7 @@ def baselines(args, work: str) -> None:
         f"within {args.baseline_budget} configurations, tested once"
     )
     print(machine_line(None))
-    validation_data, test_data = (_data(args, split) for split in constants.EVAL_SPLITS[::-1])
+    validation_data, test_data = (_data(args, work, split) for split in constants.EVAL_SPLITS[::-1])
     seed = args.baseline_search_seed
     validation = SplitProtocol(validation_data, constants.VALIDATION_SPLIT, _negatives(args), seed)
     test = SplitProtocol(test_data, constants.TEST_SPLIT, _negatives(args), seed)
@@ -91,8 +91,6 @@ def baselines(args, work: str) -> None:
     with open(os.path.join(work, "baselines.json"), "w") as out:
         json.dump(report, out, indent=1)
     if args.plot_dir:
-        from training_benchmarks.plots import baselines_figure
-
         baselines_figure(args, report)  # prints where it wrote the figure
 
 
