@@ -97,12 +97,7 @@ def run_row(model_name: str, shape: str, users: int, ratings: str | None) -> dic
     model = network.build_model(params)
     scores = ModelScores(model)
     ranked_users = min(users, data.num_users)
-    subset = FullRanking(
-        ranking.held_out[:ranked_users],
-        ranking.excluded_offsets[: ranked_users + 1],
-        ranking.excluded_items,
-        ranking.num_items,
-    )
+    subset = ranking.first(ranked_users)
     block = scores.users_per_block(ranked_users)
     subset.rank(scores.for_evaluation(), block, 10)  # traced and warm
     ranked = subset.rank(scores.for_evaluation(), block, 10)
@@ -123,12 +118,7 @@ def run_row(model_name: str, shape: str, users: int, ratings: str | None) -> dic
         items = tf.constant(np.tile(every_item, len(block_users)))
         return tf.reshape(call(users, items)[:, 0], [len(block_users), data.num_items])
 
-    pair_subset = FullRanking(
-        ranking.held_out[:pair_users],
-        ranking.excluded_offsets[: pair_users + 1],
-        ranking.excluded_items,
-        ranking.num_items,
-    )
+    pair_subset = ranking.first(pair_users)
     pair_subset.rank(score_pairs, pair_block, 10)
     pairs_ranked = pair_subset.rank(score_pairs, pair_block, 10)
     per_user = seconds / ranked_users

@@ -99,15 +99,6 @@ class Trial:
     fit_seconds: float
 
 
-@dataclasses.dataclass(frozen=True)
-class TestRun:
-    """The chosen configuration fitted with one seed and evaluated on the test split."""
-
-    seed: int
-    results: UserResults
-    fit_seconds: float
-
-
 def configurations(baseline: Baseline, budget: int, seed: int) -> list[Config]:
     """The configurations a search tries: `budget` draws (repeats dropped), or the one
     empty configuration of a baseline without hyper-parameters."""

@@ -26,6 +26,9 @@ import tensorflow as tf
 from recommendation.data import constants
 from recommendation.data.data_preprocessing import PreprocessedData
 
+# What a full ranking reports, by name (as ``full_<name>`` beside the sampled metrics).
+METRICS = ("hr", "ndcg", "recall")
+
 ScoreUsers = Callable[[np.ndarray], "tf.Tensor | np.ndarray"]
 
 
@@ -68,6 +71,12 @@ class RankedUsers:
             "recall": hr,
             "seconds": self.seconds,
         }
+
+    def full_metrics(self) -> dict[str, float]:
+        """The metrics under the names evaluations report them by: ``full_hr``,
+        ``full_ndcg``, ``full_recall``."""
+        metrics = self.metrics()
+        return {f"full_{name}": metrics[name] for name in METRICS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +123,15 @@ class FullRanking:
     @property
     def num_users(self) -> int:
         return len(self.held_out)
+
+    def first(self, num_users: int) -> FullRanking:
+        """The ranking of the first `num_users` users only."""
+        return FullRanking(
+            self.held_out[:num_users],
+            self.excluded_offsets[: num_users + 1],
+            self.excluded_items,
+            self.num_items,
+        )
 
     def rank(
         self,

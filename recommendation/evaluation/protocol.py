@@ -34,11 +34,10 @@ class UserResults:
 
     def metrics(self) -> dict[str, float]:
         """``hr``, ``ndcg`` (sampled) and ``full_hr``, ``full_ndcg``, ``full_recall``."""
-        full = self.full.metrics()
         return {
             "hr": float(self.sampled_hits.mean()),
             "ndcg": float(self.sampled_ndcgs.mean()),
-            **{f"full_{name}": full[name] for name in ("hr", "ndcg", "recall")},
+            **self.full.full_metrics(),
         }
 
 

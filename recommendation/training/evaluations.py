@@ -16,13 +16,11 @@ from recommendation.data.data_preprocessing import PreprocessedData
 from recommendation.evaluation import full_ranking
 from recommendation.producer import data_pipeline
 
-FULL_METRICS = ("hr", "ndcg", "recall")
-
 
 def metric_names(ranking: str) -> tuple[str, ...]:
     """The keys of an evaluation's metrics with `ranking`: ``hr``, ``ndcg`` and, when
     the full ranking is computed, ``full_hr``, ``full_ndcg``, ``full_recall``."""
-    full = () if ranking == constants.SAMPLED_RANKING else FULL_METRICS
+    full = () if ranking == constants.SAMPLED_RANKING else full_ranking.METRICS
     return ("hr", "ndcg", *(f"full_{name}" for name in full))
 
 
@@ -77,11 +75,11 @@ class Evaluations:
                 lambda: data_pipeline.eval_input_fn(info), info.num_batches
             )
         if self.ranking != constants.SAMPLED_RANKING:
-            metrics = self._full(split).metrics()
-            evaluation["seconds"] += metrics.pop("seconds")
-            evaluation.update({f"full_{name}": metrics[name] for name in FULL_METRICS})
+            ranked = self._full(split)
+            evaluation["seconds"] += ranked.seconds
+            evaluation.update(ranked.full_metrics())
             if self.ranking == constants.FULL_RANKING:
-                evaluation.update(hr=metrics["hr"], ndcg=metrics["ndcg"])
+                evaluation.update(hr=evaluation["full_hr"], ndcg=evaluation["full_ndcg"])
         self.mlperf.event("eval_accuracy", evaluation["hr"], epoch_num=epoch)
         self.mlperf.event("eval_stop", epoch_num=epoch)
         return evaluation
