@@ -83,6 +83,21 @@ def test_ials_ranks_the_unseen_items_of_the_users_group_first():
     np.testing.assert_array_equal(scores, again)
 
 
+def test_ials_weighs_an_observed_pair_by_one_plus_alpha():
+    """Hu et al.'s confidence: the fitted item factors solve the last half-step's
+    weighted ridge regression with weight 1 + alpha on observed pairs, 1 elsewhere."""
+    x, l2, alpha = _two_groups(), 0.5, 3.0
+    model = models.Ials(factors=3, l2=l2, alpha=alpha, iterations=60, seed=2).fit(x).model
+    users = model.user_factors
+    for item in range(x.shape[1]):
+        liked = x[:, item].toarray().ravel()
+        weights = np.where(liked > 0, 1 + alpha, 1.0)
+        solved = np.linalg.solve(
+            (users.T * weights) @ users + l2 * np.eye(3), (users.T * weights) @ liked
+        )
+        np.testing.assert_allclose(model.item_factors[item], solved, atol=1e-5)
+
+
 def test_the_search_draws_the_budget_reproducibly_within_each_space():
     for name in ("itemknn", "ease", "ials"):
         baseline = search.BASELINES[name]

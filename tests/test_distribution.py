@@ -31,12 +31,14 @@ _RUN = textwrap.dedent("""
     ncf_common.define_ncf_flags(flag_values)
     ncf_common.parse_ncf_flags(["ncf-main", "--config=tiny", f"--data_dir={out}.data",
                  f"--model_dir={model_dir}", "--train_epochs=1", "--seed=4",
-                 "--mf_regularization=0.001", f"--distribution_strategy={strategy}",
+                 "--mf_regularization=0.001", "--eval_ranking=both",
+                 f"--distribution_strategy={strategy}",
                  f"--worker_hosts={hosts}", f"--task_index={index}"], flag_values)
     config = ncf_common.ncf_config_from_flags(flag_values)
     result = cycles.run(config)
     weights = result.runner.state.model.get_weights()
-    np.savez(out, *weights, hr=result.summary["best_hr"], step=result.runner.global_step)
+    np.savez(out, *weights, hr=result.summary["best_hr"],
+             full_hr=result.summary["best_full_hr"], step=result.runner.global_step)
 """)
 
 # Two workers each sum half of every global batch's gradient and all-reduce; one device
@@ -101,6 +103,10 @@ def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
     assert float(chief["hr"]) == float(other["hr"])
     for hr in (chief["hr"], single["hr"]):
         assert abs(float(hr) * 300 - 109) <= 2
+    # Every worker ranks the whole catalogue itself (each must call save_best): the
+    # same model, the same ranks.
+    assert float(chief["full_hr"]) == float(other["full_hr"])
+    assert abs(float(chief["full_hr"]) - float(single["full_hr"])) * 300 <= 2
     assert os.path.exists(tmp_path / "model" / "checkpoint")
     assert not [name for name in os.listdir(tmp_path / "model") if "worker_temp" in name]
 

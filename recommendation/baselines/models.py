@@ -103,7 +103,8 @@ class Ials:
     Args:
         factors: Embedding width.
         l2: Regularisation of both sides' factors.
-        alpha: Confidence of an observed pair is 1 + alpha.
+        alpha: An observed pair's confidence is 1 + alpha x its value (Hu et al.'s
+            linear scaling; an unobserved pair's is 1).
         iterations: ALS sweeps.
         seed: The factors' initialisation.
     """
@@ -111,18 +112,23 @@ class Ials:
     def __init__(self, factors: int, l2: float, alpha: float, iterations: int, seed: int) -> None:
         from implicit.cpu.als import AlternatingLeastSquares  # imported when used: slow
 
+        self.alpha = alpha
         with _one_blas_thread():  # else implicit warns that BLAS threads oversubscribe
+            # implicit takes the matrix's values (times its alpha, here 1) as the
+            # confidences themselves, not as 1 + alpha x value: `fit` gives it those.
             self.model = AlternatingLeastSquares(
                 factors=factors,
                 regularization=l2,
-                alpha=alpha,
+                alpha=1.0,
                 iterations=iterations,
                 random_state=seed,
             )
 
     def fit(self, train: sp.csr_matrix) -> Ials:
+        confidences = train.copy()
+        confidences.data = 1 + self.alpha * confidences.data
         with _one_blas_thread():
-            self.model.fit(train, show_progress=False)
+            self.model.fit(confidences, show_progress=False)
         return self
 
     def scores(self, users: np.ndarray) -> np.ndarray:
