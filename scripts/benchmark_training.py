@@ -247,7 +247,7 @@ def main() -> None:
         "--baseline_seed",
         type=int,
         action="append",
-        help="seeds a random baseline (iALS) is fitted with for the test (default: 1, 2, 3)",
+        help="seeds a random baseline (iALS, MF) is fitted with for the test (default: 1, 2, 3)",
     )
     parser.add_argument("--data_dir", help="ncf-main --data_dir of --baselines_dataset")
     parser.add_argument(

@@ -149,14 +149,15 @@ def _row(name: str, record: dict, ncf_split: bool) -> str:
 
 
 def _learned_runs(args, work: str) -> dict[str, list[tuple[list[str], float]]]:
-    """Rendle's MF (runs of its own, at each --mf_factors) and the pre-trained NeuMF
-    (the pretrained suite's runs in `work`, when it ran): per model, each seed's ncf-main
-    flags and wall seconds."""
+    """Rendle's MF (runs of its own, at each --mf_factors and --baseline_seed, the
+    random baselines' seeds) and the pre-trained NeuMF (the pretrained suite's runs in
+    `work` at each --paper_seed, when it ran): per model, each seed's ncf-main flags and
+    wall seconds."""
     runs: dict[str, list] = {}
     for factors in args.mf_factors:
         name = f"mf {factors}"
         runs[name] = []
-        for seed in args.paper_seed:
+        for seed in args.baseline_seed:
             run = f"baselines_mf{factors}_seed{seed}"
             extra = (f"--num_factors={factors}",)
             _, seconds = paper_run(args, work, run, 64, seed, *extra, part="mf")
