@@ -103,10 +103,9 @@ def test_two_workers_end_with_the_weights_of_one_device(tmp_path):
     assert float(chief["hr"]) == float(other["hr"])
     for hr in (chief["hr"], single["hr"]):
         assert abs(float(hr) * 300 - 109) <= 2
-    # Every worker ranks the whole catalogue itself (each must call save_best): the
-    # same model, the same ranks.
-    # Seed 4: 75 of the 300 users' held-out items in their top 10 of the whole catalogue
-    # (the same CPUs; the same near-tie allowance).
+    # Every worker ranks the whole catalogue itself (each must call save_best): the same
+    # model, the same ranks. Seed 4: 75 of the 300 users' held-out items in their top 10
+    # of the whole catalogue on the same CPUs, with the same near-tie allowance.
     assert float(chief["full_hr"]) == float(other["full_hr"])
     for full_hr in (chief["full_hr"], single["full_hr"]):
         assert abs(float(full_hr) * 300 - 75) <= 2
