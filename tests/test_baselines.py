@@ -189,4 +189,6 @@ def test_the_baselines_suite_tunes_tests_and_compares_each_baseline(tmp_path):
     assert float(rows["ease"][5]) > 0.9 and float(rows["itempop"][5]) < 0.5
     compared = [line.split() for line in lines if line.split()[1:2] in (["sampled"], ["full"])]
     assert len(compared) == 6  # the best on validation against the three others, both ways
+    # MF, NeuMF and the published numbers are the NCF split's: the legend names none here.
+    assert not [line for line in lines if "NeuMF" in line or "published:" in line], lines
     assert (tmp_path / "work" / "baselines.json").is_file()

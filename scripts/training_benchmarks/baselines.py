@@ -80,18 +80,28 @@ def baselines(args, work: str) -> None:
     if ncf_split:
         for name, runs in _learned_runs(args, work).items():
             rows[name], report[name] = _learned_row(name, runs, test_data)
-    print(
-        "test HR, NDCG: sampled (mean over seeds); full: over the whole catalogue; val HR: "
-        "sampled validation HR@10 of the chosen configuration; fit s: one fit on this "
-        "machine (MF: its ncf-main run; NeuMF: its three, the two parts and the "
-        "fine-tuning); published: HR / NDCG@10 of Dacrema et al. Table 55 (NeuMF: the "
-        "paper's code) and Rendle et al. 2020 (MF, 192 dimensions)"
-    )
+    print(_legend(ncf_split))
     _paired_table(args, rows, report)
     with open(os.path.join(work, "baselines.json"), "w") as out:
         json.dump(report, out, indent=1)
     if args.plot_dir:
         baselines_figure(args, report)  # prints where it wrote the figure
+
+
+def _legend(ncf_split: bool) -> str:
+    """What the table's columns hold; MF, NeuMF and the published numbers are the NCF
+    split's only."""
+    legend = (
+        "test HR, NDCG: sampled (mean over seeds); full: over the whole catalogue; val HR: "
+        "sampled validation HR@10 of the chosen configuration; fit s: one fit on this machine"
+    )
+    if not ncf_split:
+        return legend
+    return (
+        f"{legend} (MF: its ncf-main run; NeuMF: its three, the two parts and the "
+        "fine-tuning); published: HR / NDCG@10 of Dacrema et al. Table 55 (NeuMF: the "
+        "paper's code) and Rendle et al. 2020 (MF, 192 dimensions)"
+    )
 
 
 def _baseline_row(args, baseline, validation_data, validation, test_data, test):
