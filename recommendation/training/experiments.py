@@ -171,8 +171,8 @@ def paper_model_values(factors: int, depth: int = _PAPER_TOWER_DEPTH) -> dict[st
 
 
 # Each paper part's own settings, over the protocol's. gmf and mlp: the paper's models
-# alone (NeuMF's pre-training). mf: GMF's part trained as Rendle et al. (RecSys 2020)
-# train matrix factorisation: a dot product, plain SGD at 0.008 per example (x the
+# alone (NeuMF's pre-training). mf: GMF's part trained in batches after Rendle et al.'s
+# matrix factorisation (RecSys 2020): a dot product, plain SGD at 0.008 per example (x the
 # batch: ncf-main's loss is a batch mean), their per-example L2 of 0.005
 # (--row_regularization is half of it: Keras' convention), 8 negatives, 64 epochs; the
 # rate, L2 and epochs chosen on validation (docs/benchmarks.md).
