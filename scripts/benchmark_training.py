@@ -66,6 +66,7 @@ from training_benchmarks.throughput import THROUGHPUT_EPOCHS, throughput
 from training_benchmarks.time_to_target import time_to_target
 
 from recommendation.baselines import search
+from recommendation.data import movielens
 from recommendation.training import experiments
 
 
@@ -262,6 +263,10 @@ def main() -> None:
         parser.error("--resume needs --log_dir, the folder of the runs to go on from")
     if args.plot_dir:
         plots.require(args.plot_dir)  # before the runs, not after them
+    try:
+        args.ncf_data_dir = args.ncf_dir and movielens.data_dir_of_ncf_split(args.ncf_dir)
+    except movielens.DataError as error:
+        parser.error(str(error))
     args.peer_learning_rate = args.peer_learning_rate or [0.001]
     args.paper_factors = args.paper_factors or sorted(PAPER_TABLE2)
     args.paper_seed = args.paper_seed or [1, 2, 3]

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import tempfile
 import time
 
 import numba
 import numpy as np
 
-from recommendation.data import constants, preprocessing_cache
+from official.utils.misc import errors
+from recommendation.data import constants, movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.evaluation.protocol import SplitProtocol
 
@@ -145,7 +145,10 @@ def main() -> None:
     if args.dimensions < 2:
         parser.error("--dimensions counts the bias column: it must be 2 or more")
 
-    with tempfile.TemporaryDirectory() as scratch:
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        errors.exit_on_user_errors(movielens.DataError),
+    ):
         train_and_evaluate(args, args.cache_dir or scratch)
 
 
@@ -154,7 +157,7 @@ def train_and_evaluate(args: argparse.Namespace, cache_dir: str) -> None:
     started = time.perf_counter()
     config = DataConfig(
         dataset="ncf-ml-1m",
-        data_dir=os.path.dirname(os.path.abspath(args.ncf_dir)),
+        data_dir=movielens.data_dir_of_ncf_split(args.ncf_dir),
         cache_dir=cache_dir,
         eval_split=args.eval_split,
     )

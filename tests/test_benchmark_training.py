@@ -385,3 +385,14 @@ def test_refit_trains_each_chosen_run_again_on_all_data_for_its_selected_epochs(
         assert _flag(ran[f"{stem}_mf_refit"], "model") == "mf"
     means = [line for line in capsys.readouterr().out.splitlines() if " mean " in line]
     assert [line.split()[5] for line in means] == ["0.7000", "0.7215"]
+
+
+def test_an_ncf_dir_not_named_ncf_is_refused_before_any_run(script, monkeypatch, capsys):
+    # The split is read from DATA_DIR/ncf: another name would read a sibling folder.
+    ran = _fake_runs(monkeypatch, lambda name: 2)
+    argv = ["benchmark_training.py", "--suite=paper", "--ncf_dir=/data/ncf-split"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        script.main()
+    assert stopped.value.code == 2 and not ran
+    assert "error: --ncf_dir /data/ncf-split must be a folder named ncf" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import SCRIPTS_DIR, load_script
+from conftest import SCRIPTS_DIR, load_script, the_error_line
 
 reference_mf = load_script("reference_mf")
 
@@ -113,3 +113,25 @@ def test_a_validation_run_tests_the_epoch_validation_chose(tmp_path):
     chosen = validation.index(max(validation))
     assert lines[4].startswith(f"selected epoch {chosen}: validation HR@10={max(validation):.4f}; ")
     assert re.search(r"test HR@10=[\d.]+ NDCG@10=[\d.]+ full HR@10=[\d.]+ full NDCG@10=", lines[4])
+
+
+@pytest.mark.integration
+def test_a_folder_without_the_split_is_one_error_line(tmp_path):
+    (tmp_path / "ncf").mkdir()
+    result = subprocess.run(
+        [sys.executable, f"{SCRIPTS_DIR}/reference_mf.py", f"--ncf_dir={tmp_path / 'ncf'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert "ml-1m.train.rating" in the_error_line(result)  # one line, no traceback
+
+
+@pytest.mark.integration
+def test_an_ncf_dir_of_another_name_is_one_error_line(tmp_path):
+    (tmp_path / "ncf-split").mkdir()
+    result = subprocess.run(
+        [sys.executable, f"{SCRIPTS_DIR}/reference_mf.py", f"--ncf_dir={tmp_path / 'ncf-split'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert "must be a folder named ncf" in the_error_line(result)

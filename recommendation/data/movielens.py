@@ -155,6 +155,23 @@ def dataset_dir(data_dir: str, info: DatasetInfo) -> str:
     return os.path.join(data_dir, folder)
 
 
+def data_dir_of_ncf_split(ncf_dir: str) -> str:
+    """The --data_dir whose NCF split is the folder `ncf_dir` (what the benchmark scripts'
+    --ncf_dir names): the split is read from DATA_DIR/ncf, so any other folder name
+    would read a sibling folder instead.
+
+    Raises:
+        DataError: `ncf_dir` is not named ncf.
+    """
+    folder = os.path.abspath(ncf_dir)
+    if os.path.basename(folder) != NCF_FOLDER:
+        raise DataError(
+            f"--ncf_dir {ncf_dir} must be a folder named {NCF_FOLDER} (the split is read from "
+            f"DATA_DIR/{NCF_FOLDER}): move or link its files into one"
+        )
+    return os.path.dirname(folder)
+
+
 def ratings_path(data_dir: str, info: DatasetInfo) -> str:
     """Path of a MovieLens release's ratings file under `data_dir`."""
     return os.path.join(dataset_dir(data_dir, info), info.ratings_file)

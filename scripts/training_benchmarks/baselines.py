@@ -46,7 +46,7 @@ def _data(args, work: str, split: str) -> PreprocessedData:
     """The suite's dataset, holding out the validation items or not (`split`)."""
     config = DataConfig(
         dataset=args.baselines_dataset,
-        data_dir=args.data_dir or os.path.dirname(args.ncf_dir),
+        data_dir=args.data_dir or args.ncf_data_dir,
         cache_dir=os.path.join(work, f"baselines_cache_{split}"),
         eval_split=split,
     )

@@ -4,7 +4,6 @@ trains a selected run again on all training data."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 from recommendation.data.constants import TEST_SPLIT
@@ -93,7 +92,7 @@ def paper_flags(
     `name` in `work`, `flags` after them (a later flag wins)."""
     return [
         *paper_arguments(args, factors, part),
-        f"--data_dir={os.path.dirname(args.ncf_dir)}",
+        f"--data_dir={args.ncf_data_dir}",
         f"--cache_dir={work}/ncf_cache",
         f"--model_dir={work}/{name}",
         "--clean",
