@@ -33,6 +33,7 @@ from official.utils.misc import errors
 from recommendation.data import constants, movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.evaluation.protocol import SplitProtocol
+from recommendation.training.evaluations import metrics_text
 
 USERS_PER_BLOCK = 1024
 
@@ -122,13 +123,6 @@ def epoch_examples(
     return np.repeat(users, width)[order], example_items.ravel()[order], labels.ravel()[order]
 
 
-def _metrics_line(metrics: dict) -> str:
-    return (
-        f"HR@10={metrics['hr']:.4f} NDCG@10={metrics['ndcg']:.4f} full HR@10="
-        f"{metrics['full_hr']:.4f} full NDCG@10={metrics['full_ndcg']:.4f}"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ncf_dir", required=True, help="the NCF paper's data files")
@@ -181,9 +175,10 @@ def train_and_evaluate(args: argparse.Namespace, cache_dir: str) -> None:
             if hr > best_hr:
                 best, best_hr, best_epoch = model.copy(), hr, epoch
         print(line, flush=True)
+    tested = test.evaluate(best.score_users, USERS_PER_BLOCK).metrics()
     chosen = f"selected epoch {best_epoch}: validation HR@10={best_hr:.4f}; " if validating else ""
     print(
-        f"{chosen}test {_metrics_line(test.evaluate(best.score_users, USERS_PER_BLOCK).metrics())}"
+        f"{chosen}test {metrics_text(tested, test.k, constants.BOTH_RANKINGS)}"
         f", {args.epochs} epochs, {time.perf_counter() - started:.1f} s"
     )
 

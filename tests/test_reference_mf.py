@@ -112,7 +112,10 @@ def test_a_validation_run_tests_the_epoch_validation_chose(tmp_path):
     validation = [float(re.search(r"validation HR@10=([\d.]+)", line)[1]) for line in lines[:4]]
     chosen = validation.index(max(validation))
     assert lines[4].startswith(f"selected epoch {chosen}: validation HR@10={max(validation):.4f}; ")
-    assert re.search(r"test HR@10=[\d.]+ NDCG@10=[\d.]+ full HR@10=[\d.]+ full NDCG@10=", lines[4])
+    assert re.search(
+        r"test HR@10=[\d.]+ NDCG@10=[\d.]+, full-catalogue HR@10=[\d.]+ NDCG@10=[\d.]+ Recall@10=",
+        lines[4],
+    )
 
 
 @pytest.mark.integration
