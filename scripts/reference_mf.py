@@ -158,9 +158,11 @@ def train_and_evaluate(args: argparse.Namespace, cache_dir: str) -> None:
     data = preprocessing_cache.load_or_build(config).data
     validating = args.eval_split == constants.VALIDATION_SPLIT
     validation = (
-        SplitProtocol(data, constants.VALIDATION_SPLIT, 99, args.seed) if validating else None
+        SplitProtocol(data, constants.VALIDATION_SPLIT, constants.NCF_EVAL_NEGATIVES, args.seed)
+        if validating
+        else None
     )
-    test = SplitProtocol(data, constants.TEST_SPLIT, 99, args.seed)
+    test = SplitProtocol(data, constants.TEST_SPLIT, constants.NCF_EVAL_NEGATIVES, args.seed)
     rng = np.random.default_rng(args.seed)
     model = RendleMf.drawn(data.num_users, data.num_items, args.dimensions, args.stddev, rng)
     users, items = data.train_users().astype(np.int64), data.train_items.astype(np.int64)

@@ -26,8 +26,10 @@ FULL_RANKING = "full"
 BOTH_RANKINGS = "both"
 EVAL_RANKINGS = (SAMPLED_RANKING, FULL_RANKING, BOTH_RANKINGS)
 
-# Negatives per evaluation user under the MLPerf protocol; the NCF paper used 99.
+# Negatives per evaluation user under the MLPerf protocol; the NCF paper used 99 (its
+# split's fixed test negatives, and the ones its validation samples).
 NUM_EVAL_NEGATIVES = 999
+NCF_EVAL_NEGATIVES = 99
 
 # A preprocessing cache older than this is rebuilt, even if nothing else changed.
 CACHE_INVALIDATION_SEC = 3600 * 24

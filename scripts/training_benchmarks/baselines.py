@@ -20,7 +20,7 @@ from recommendation.evaluation import paired
 from recommendation.evaluation.full_ranking import ModelScores
 from recommendation.evaluation.protocol import SplitProtocol, UserResults
 from recommendation.training import cycles, ncf_common
-from training_benchmarks.harness import machine_line, mean_and_sd
+from training_benchmarks.harness import machine_line, mean_and_sd, sampled_negatives
 from training_benchmarks.paper import paper_flags, paper_run
 from training_benchmarks.plots import baselines_figure
 from training_benchmarks.pretrained import fine_tuning_flags, part_name, pretrained_name
@@ -53,23 +53,19 @@ def _data(args, work: str, split: str) -> PreprocessedData:
     return preprocessing_cache.load_or_build(config).data
 
 
-def _negatives(args) -> int:
-    """Sampled evaluation negatives: the NCF split's 99, the MLPerf protocol's 999."""
-    return 99 if args.baselines_dataset.startswith("ncf-") else constants.NUM_EVAL_NEGATIVES
-
-
 def baselines(args, work: str) -> None:
     ncf_split = args.baselines_dataset.startswith("ncf-")
+    negatives = sampled_negatives(args.baselines_dataset)
     print(
-        f"\nBaselines on {args.baselines_dataset} ({_negatives(args)} sampled negatives; "
+        f"\nBaselines on {args.baselines_dataset} ({negatives} sampled negatives; "
         f"full: every item the user has not interacted with), each tuned on validation "
         f"within {args.baseline_budget} configurations, tested once"
     )
     print(machine_line(None))
     validation_data, test_data = (_data(args, work, split) for split in constants.EVAL_SPLITS[::-1])
     seed = args.baseline_search_seed
-    validation = SplitProtocol(validation_data, constants.VALIDATION_SPLIT, _negatives(args), seed)
-    test = SplitProtocol(test_data, constants.TEST_SPLIT, _negatives(args), seed)
+    validation = SplitProtocol(validation_data, constants.VALIDATION_SPLIT, negatives, seed)
+    test = SplitProtocol(test_data, constants.TEST_SPLIT, negatives, seed)
     print(HEADER)
     rows: dict[str, list[UserResults]] = {}
     report: dict[str, dict] = {}

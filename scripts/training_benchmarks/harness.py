@@ -13,6 +13,7 @@ import tempfile
 import time
 
 from official.utils.misc import machine  # no TensorFlow import
+from recommendation.data import constants  # nor here
 from recommendation.training import experiments  # nor here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -99,6 +100,14 @@ def ml1m_data_dir(ratings: str, work: str, name: str) -> str:
     os.makedirs(os.path.join(data_dir, "ml-1m"))
     os.symlink(os.path.abspath(ratings), os.path.join(data_dir, "ml-1m", "ratings.dat"))
     return data_dir
+
+
+def sampled_negatives(dataset: str) -> int:
+    """Sampled evaluation negatives of `dataset`: the NCF split's 99, the MLPerf
+    protocol's 999."""
+    if dataset.startswith("ncf-"):
+        return constants.NCF_EVAL_NEGATIVES
+    return constants.NUM_EVAL_NEGATIVES
 
 
 def mean_and_sd(values) -> tuple[float, float]:

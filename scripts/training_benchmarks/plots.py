@@ -9,7 +9,7 @@ import statistics
 
 import plots as figures  # scripts/plots.py (scripts/ is on the path, as for this package)
 
-from training_benchmarks.harness import machine_line, read_records
+from training_benchmarks.harness import machine_line, read_records, sampled_negatives
 
 
 def hit_rates(benchmark_log: str) -> dict[int, float]:
@@ -92,8 +92,7 @@ def baselines_figure(args, report: dict) -> str:
     return figures.bar_chart(
         os.path.join(args.plot_dir, f"baselines_{args.baselines_dataset}.png"),
         f"Test HR@10 on {args.baselines_dataset}, each model selected on validation",
-        f"HR@10 (sampled: {99 if args.baselines_dataset.startswith('ncf-') else 999} "
-        "negatives; full: every item)",
+        f"HR@10 (sampled: {sampled_negatives(args.baselines_dataset)} negatives; full: every item)",
         bars,
         machine_line(None),
         value_format="{x:.4f}",
