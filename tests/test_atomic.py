@@ -228,6 +228,35 @@ def test_a_folder_left_by_a_writer_killed_in_the_block_is_removed(tmp_path):
     assert _read(tmp_path / "export/contents.txt") == "later"
 
 
+def test_added_files_join_a_folder_whole_the_markers_last_and_its_files_stay(tmp_path, monkeypatch):
+    folder = tmp_path / "ml-1m"
+    _write_folder(folder, "the user's own")
+    (folder / "ratings.dat").write_text("old ratings")
+    with pytest.raises(RuntimeError, match="injected"), atomic.add_files(str(folder)) as temp:
+        (Path(temp) / "ratings.dat").write_text("half")
+        raise RuntimeError("injected")
+    assert os.listdir(tmp_path) == ["ml-1m"] and _read(folder / "ratings.dat") == "old ratings"
+    renamed, real_rename = [], tf.io.gfile.rename
+
+    def recording_rename(source, destination, overwrite=False):
+        renamed.append(os.path.basename(destination))
+        real_rename(source, destination, overwrite)
+
+    monkeypatch.setattr(tf.io.gfile, "rename", recording_rename)
+    with atomic.add_files(str(folder), markers=("ratings.dat",)) as temp:
+        assert os.path.basename(temp).startswith(f".ml-1m.tmp-{os.getpid()}-")
+        for name in ("ratings.dat", "contents.txt", "README"):
+            (Path(temp) / name).write_text("new")
+        assert sorted(os.listdir(folder)) == ["contents.txt", "ratings.dat"]  # none yet
+    assert renamed == ["README", "ratings.dat"]  # the marker last; contents.txt stays
+    assert [_read(folder / name) for name in ("contents.txt", "ratings.dat", "README")] == [
+        "the user's own",
+        "new",
+        "new",
+    ]
+    assert os.listdir(tmp_path) == ["ml-1m"]
+
+
 @pytest.mark.integration
 def test_a_removed_folder_vanishes_at_once_even_if_the_removal_is_killed(tmp_path):
     _write_folder(tmp_path / "10", "version 10")

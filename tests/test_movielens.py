@@ -14,13 +14,17 @@ import http.server
 import io
 import logging
 import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import zipfile
 
 import pytest
 import tensorflow as tf
-from conftest import TINY_ROWS
+from conftest import ROOT, TINY_ROWS
 
 from recommendation.data import movielens, ratings_readers
 from recommendation.data.movielens import DataError
@@ -270,3 +274,46 @@ def test_full_disk_while_unpacking_leaves_only_the_archive(tmp_path, monkeypatch
         "there or pass --data_dir with a folder on a disk with room"
     )
     assert _leftovers(tmp_path) == ["ml-1m.zip"]
+
+
+# Unpacks DATA_DIR/ml-1m.zip and is killed (SIGKILL) at its second rename: movies.dat
+# is in place, ratings.dat is next.
+_KILLED_UNPACK = """
+import os, signal, sys
+import tensorflow as tf
+from recommendation.data import movielens
+
+real_rename, renames = tf.io.gfile.rename, []
+
+def rename(*args, **kwargs):
+    renames.append(args)
+    if len(renames) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_rename(*args, **kwargs)
+
+tf.io.gfile.rename = rename
+data_dir = sys.argv[1]
+movielens.unpack_local_archive(
+    movielens.DATASETS["ml-1m"], data_dir, os.path.join(data_dir, "ml-1m.zip")
+)
+"""
+
+
+@pytest.mark.integration
+def test_an_unpack_killed_midway_shows_no_release_and_the_next_one_cleans_up(tmp_path):
+    (tmp_path / "ml-1m.zip").write_bytes(ARCHIVE)
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_UNPACK, str(tmp_path)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert killed.wait(timeout=120) == -signal.SIGKILL, killed.stderr.read()[-2000:]
+    # Whole files only, and not the ratings file, which readers take for a release.
+    assert sorted(os.listdir(tmp_path / "ml-1m")) == ["movies.dat"]
+    assert (tmp_path / "ml-1m" / "movies.dat").read_bytes() == b"1::Toy Story::x\n"
+    [leftover] = set(os.listdir(tmp_path)) - {"ml-1m", "ml-1m.zip"}
+    assert re.fullmatch(rf"\.ml-1m\.tmp-{killed.pid}-[0-9a-f]+", leftover)  # the writer's
+    raw = ratings_readers.read_movielens(str(tmp_path), "ml-1m", False)
+    assert len(raw) == len(TINY_ROWS)
+    assert _leftovers(tmp_path) == ["ml-1m", "ml-1m.zip", "ml-1m/movies.dat", "ml-1m/ratings.dat"]

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import tensorflow as tf
 from absl import logging
 
-from official.utils.misc import errors
+from official.utils.misc import atomic, errors
 from official.utils.misc.progress import ProgressBar
 
 
@@ -193,8 +193,9 @@ def ncf_split_paths(data_dir: str, info: DatasetInfo) -> tuple[str, str, str]:
 def download_dataset(info: DatasetInfo, data_dir: str, url_base: str) -> None:
     """Downloads, verifies and unpacks a GroupLens archive into ``data_dir/<name>/``.
 
-    The archive is fetched to a temporary name, its MD5 checked against the ``.md5``
-    file GroupLens publishes beside it, and unpacked as `unpack_local_archive` does.
+    The archive is fetched into the unpacking's temporary folder, its MD5 checked
+    against the ``.md5`` file GroupLens publishes beside it, unpacked as
+    `unpack_local_archive` does, and deleted.
 
     Raises:
         DataError: the download failed, the checksum does not match, the archive is
@@ -203,8 +204,8 @@ def download_dataset(info: DatasetInfo, data_dir: str, url_base: str) -> None:
     if info.archive is None:
         raise DataError(f"dataset {info.name!r} cannot be downloaded")
     url = url_base.rstrip("/") + "/" + info.archive
-    with _scratch_dir(info, data_dir) as temp_dir:
-        archive_path = os.path.join(temp_dir, info.archive)
+    with _unpacking(info, data_dir) as unpacked:
+        archive_path = os.path.join(unpacked, info.archive)
         expected_md5 = _fetch_md5(url, info)
         actual_md5 = _fetch(url, archive_path, info)
         if actual_md5 != expected_md5:
@@ -212,7 +213,8 @@ def download_dataset(info: DatasetInfo, data_dir: str, url_base: str) -> None:
                 f"checksum mismatch for {url}: GroupLens publishes MD5 {expected_md5}, the "
                 f"download has {actual_md5}; the file is corrupt or was changed, download again"
             )
-        _unpack(archive_path, info, data_dir, temp_dir, url)
+        _extract(archive_path, info, unpacked, url)
+        tf.io.gfile.remove(archive_path)  # unpacked: the release's files only
     logging.info("%s is ready in %s", info.name, dataset_dir(data_dir, info))
 
 
@@ -242,8 +244,8 @@ def unpack_local_archive(info: DatasetInfo, data_dir: str, archive_path: str) ->
                 f"file has {digest.hexdigest()}; it is corrupt or was changed, delete it and "
                 f"download again"
             )
-    with _scratch_dir(info, data_dir) as temp_dir:
-        _unpack(archive_path, info, data_dir, temp_dir, archive_path)
+    with _unpacking(info, data_dir) as unpacked:
+        _extract(archive_path, info, unpacked, archive_path)
     logging.info("%s is ready in %s", info.name, dataset_dir(data_dir, info))
 
 
@@ -254,18 +256,19 @@ def write_error(error: tf.errors.OpError | OSError, what: str, folder: str, flag
 
 
 @contextlib.contextmanager
-def _scratch_dir(info: DatasetInfo, data_dir: str) -> Iterator[str]:
-    """A temporary folder in `data_dir` (so files move into place by rename), removed at
-    the end; a failed write in it becomes a `DataError` naming `data_dir`."""
-    temp_dir = os.path.join(data_dir, f".{info.name}.unpack-{os.getpid()}")
+def _unpacking(info: DatasetInfo, data_dir: str) -> Iterator[str]:
+    """A temporary folder in `data_dir` whose files join ``data_dir/<name>/`` when the
+    block ends (`atomic.add_files`), the ratings file last, so an interrupted run never
+    leaves one that looks complete; the files already there stay. File by file rather
+    than a folder swap (`atomic.replace_folder`): a swap would drop those, and on
+    ``gs://`` (a folder rename copies object by object) would not put the ratings file,
+    the marker readers trust, last. A failed write becomes a `DataError` naming
+    `data_dir`."""
     try:
-        tf.io.gfile.makedirs(temp_dir)
-        yield temp_dir
+        with atomic.add_files(dataset_dir(data_dir, info), (info.ratings_file,)) as unpacked:
+            yield unpacked
     except (tf.errors.OpError, OSError) as error:
         raise write_error(error, f"the {info.name} files", data_dir, "--data_dir") from None
-    finally:
-        if tf.io.gfile.exists(temp_dir):
-            tf.io.gfile.rmtree(temp_dir)
 
 
 def _offline_hint(info: DatasetInfo) -> str:
@@ -313,21 +316,6 @@ def _fetch(url: str, path: str, info: DatasetInfo) -> str:
     return digest.hexdigest()
 
 
-def _unpack(
-    archive_path: str, info: DatasetInfo, data_dir: str, temp_dir: str, source: str
-) -> None:
-    """Unpacks the archive into `temp_dir`, then moves its files into ``data_dir/<name>/``,
-    the ratings file last, so an interrupted run never leaves one that looks complete.
-
-    File by file rather than a folder swap (`atomic.replace_folder`): a swap would drop
-    the files already in the folder, and on ``gs://`` (a folder rename copies object by
-    object) would not put the ratings file, the marker readers trust, last.
-    """
-    extracted = os.path.join(temp_dir, "extracted")
-    _extract(archive_path, info, extracted, source)
-    _move_into_place(extracted, dataset_dir(data_dir, info), info.ratings_file)
-
-
 def _extract(archive_path: str, info: DatasetInfo, target: str, source: str) -> None:
     """Unpacks the members under ``info.archive_folder/`` of the archive into `target`,
     after checking every member's CRC; `source` (URL or path) names it in errors."""
@@ -364,13 +352,3 @@ def _extract(archive_path: str, info: DatasetInfo, target: str, source: str) -> 
                         out.write(chunk)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as error:
         raise DataError(f"{source} is a corrupt archive ({error}); {fix}") from None
-
-
-def _move_into_place(source_dir: str, target_dir: str, ratings_file: str) -> None:
-    """Moves unpacked files into `target_dir`, the ratings file last."""
-    tf.io.gfile.makedirs(target_dir)
-    names = sorted(tf.io.gfile.listdir(source_dir), key=lambda name: name == ratings_file)
-    for name in names:
-        destination = os.path.join(target_dir, name)
-        if not tf.io.gfile.exists(destination) or name == ratings_file:
-            tf.io.gfile.rename(os.path.join(source_dir, name), destination, overwrite=True)

@@ -5,7 +5,8 @@ name beside its destination and renamed into place only once complete. Every
 temporary name follows one scheme, ``[.]<name>.<kind>-<pid>-<token>`` (hidden, with
 the dot, for files and for folders unless asked otherwise):
 
-- kind ``tmp``: being written, or being deleted (`remove_folder`);
+- kind ``tmp``: being written (files for a folder, `add_files`, too), or being
+  deleted (`remove_folder`);
 - kind ``old``: a folder that `replace_folder` moved aside to make room for its new
   contents, until those are in place.
 
@@ -22,7 +23,8 @@ folder there trust a marker file written last rather than the folder's presence.
 `replace_folder` and `remove_folder` take the names of a folder's markers: on a local
 path they change nothing (the rename is atomic; markers travel with the folder); on
 ``gs://`` the markers are held back and written last, once every other file is in
-place, and removed first when a folder is replaced or removed.
+place, and removed first when a folder is replaced or removed. `add_files`, which adds
+files to a folder one rename each, renames its markers last wherever it writes.
 """
 
 from __future__ import annotations
@@ -137,6 +139,44 @@ def replace_folder(path: str, hidden: bool = True, markers: Sequence[str] = ()) 
                         _settle_aside(aside, path)
             else:
                 tf.io.gfile.rename(temp, path)
+        finally:
+            if tf.io.gfile.exists(temp):
+                tf.io.gfile.rmtree(temp)
+
+
+@contextlib.contextmanager
+def add_files(path: str, markers: Sequence[str] = ()) -> Iterator[str]:
+    """Yields a temporary folder (created) to write new files for folder `path` into;
+    when the block ends normally they join `path` (created if missing), each renamed
+    into place, whole; the `markers` last, in order.
+
+    Unlike `replace_folder`, the files already in `path` stay: a name it holds keeps
+    its file, except a marker, which is replaced. An exception in the block leaves
+    `path` as it was; a writer that dies while renaming leaves some files in place but
+    never a marker before them, so a reader that trusts the markers never trusts a
+    folder missing files (on ``gs://`` too: a file's rename there copies one object).
+    The temporary folder is deleted at the end, or by the next writer of `path` once
+    its writer is gone.
+
+    Args:
+        path: The destination folder.
+        markers: Names of files directly in it whose presence tells readers that it is
+            complete, in the order they are to be written.
+    """
+    path = path.rstrip("/")
+    remove_leftovers(os.path.dirname(path) or ".", os.path.basename(path))
+    temp = _temp_path(path, _TEMP, hidden=True)
+    with _using(temp):
+        try:
+            tf.io.gfile.makedirs(temp)
+            yield temp
+            names = [name.rstrip("/") for name in tf.io.gfile.listdir(temp)]
+            last = [name for name in markers if name in names]
+            tf.io.gfile.makedirs(path)
+            for name in [name for name in names if name not in markers] + last:
+                destination = os.path.join(path, name)
+                if name in markers or not tf.io.gfile.exists(destination):
+                    tf.io.gfile.rename(os.path.join(temp, name), destination, overwrite=True)
         finally:
             if tf.io.gfile.exists(temp):
                 tf.io.gfile.rmtree(temp)
