@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -262,6 +263,49 @@ def test_online_training_on_gcs_checkpoints_exports_and_resumes_like_a_local_run
         assert _written_last(gcs, f"online/export/{version}", versioned_export.INFO_FILE)
     info = json.loads(gcs.read(f"online/export/{kept[-1]}/{versioned_export.INFO_FILE}"))
     assert info["position"]["offsets"] == {"a.csv": len(first + more)}
+
+
+def test_an_event_file_rewritten_on_gcs_is_read_again_and_one_replaced_to_append_is_not(gcs):
+    """No inode on gs://: the size and the checksum before the offset tell a file
+    rewritten from one replaced by a longer copy of itself (how an object grows)."""
+    script = """
+import json, tensorflow as tf
+from recommendation.online import sources
+from recommendation.online.dead_letters import DeadLetterFile
+folder = "gs://bucket/events"
+def write(users):
+    with tf.io.gfile.GFile(folder + "/a.csv", "w") as out:
+        out.write("".join(f"{u},{u},{u}\\n" for u in users))
+def read_all(source):
+    users, position = [], None
+    while (chunk := source.read(100, 0.0)) is not None:
+        users, position = users + chunk.users.tolist(), chunk.position
+    return [users, position]
+write(range(10, 50))
+source = sources.DirectorySource(folder, DeadLetterFile("gs://bucket/dead.jsonl"))
+read = [read_all(source)]
+for users in (range(10, 60), range(100, 150), range(100, 105)):
+    write(users)
+    read.append(read_all(source))
+print(json.dumps([read, source.rewritten_files]))
+"""
+    result = _python(gcs, "-c", script)
+    read, rewritten_files = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = [range(10, 50), range(50, 60), range(100, 150), range(100, 105)]
+    assert [users for users, _ in read] == [list(users) for users in expected]
+    assert rewritten_files == 2
+    appended = "".join(f"{u},{u},{u}\n" for u in range(10, 60)).encode()
+    assert read[1][1]["offsets"] == {"a.csv": len(appended)}
+    fingerprint = {"size": len(appended), "crc32": zlib.crc32(appended), "version": 1}
+    assert read[1][1]["files"] == {"a.csv": fingerprint}  # no inode on gs://
+    replaced = 50 * len("100,100,100\n")
+    assert read[2][1]["offsets"] == {"a.csv": replaced}
+    assert result.stderr.count("was rewritten") == 2
+    assert (
+        "was rewritten (its bytes before byte 450 changed): reading it again from its start, "
+        "as version 2 of it"
+    ) in result.stderr
+    assert f"was rewritten (now 60 bytes, shorter than the {replaced} read)" in result.stderr
 
 
 def test_versions_on_gcs_are_those_whose_info_file_is_there(gcs):

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 import redis
 import tensorflow as tf
 from absl import flags as absl_flags
+from conftest import damage_checkpoint
 
 from official.utils.flags import core
 from recommendation import online_main
@@ -448,10 +450,9 @@ def test_exports_are_never_seen_half_written(tmp_path):
     assert len(seen) >= 2, text
     assert len(versioned_export.versions(str(export_base))) == 2
     final = versioned_export.latest_export(str(export_base))
-    assert versioned_export.read_info(final)["position"] == {
-        "offsets": {"a.csv": os.path.getsize(events_dir / "a.csv")},
-        "dead_letters": 0,
-    }
+    position = versioned_export.read_info(final)["position"]
+    assert position["offsets"] == {"a.csv": os.path.getsize(events_dir / "a.csv")}
+    assert (position["dead_letters"], position["rewritten_files"]) == (0, 0)
     assert not [n for n in os.listdir(export_base) if n.startswith(".")]  # no leftovers
 
 
@@ -590,3 +591,96 @@ def test_events_trimmed_before_the_trainer_read_them_are_counted_in_its_summary(
     assert summary["events"] == 500 and summary["lost_events"] == 1500
     position = _checkpoint_state(model_dir)[3]
     assert position["lost_events"] == 1500  # checkpointed: a restart goes on from it
+
+
+# ---------------------------------------------------------------------------
+# Nothing acknowledged is lost: event files rewritten while the trainer was stopped,
+# and checkpoints damaged on disk (the restore falls back to an older one)
+
+
+def _csv(events: np.ndarray) -> list[str]:
+    return [f"{u},{i},{t}" for u, i, t in events.tolist()]
+
+
+def _line_ids(path, name: str, start: int = 0, version: int = 1) -> list[str]:
+    """The source ids of the lines of event file `path` from byte `start` on."""
+    prefix = name if version == 1 else f"{name}#{version}"
+    ids, offset = [], 0
+    for line in open(path, "rb"):
+        if offset >= start:
+            ids.append(f"{prefix}:{offset}")
+        offset += len(line)
+    return ids
+
+
+@pytest.mark.integration
+def test_an_event_file_rotated_while_the_trainer_was_stopped_is_trained_from_its_start(tmp_path):
+    """3,000 events read, the file rotated by copy and truncate and 1,000 written while
+    the trainer was stopped: the same command trains the 1,000 (an offset past the
+    file's new end skipped them), says so once and counts the file."""
+    events_dir, model_dir = tmp_path / "events", tmp_path / "model"
+    events_dir.mkdir()
+    path = events_dir / "a.csv"
+    _write_lines(path, _csv(_events(3000, seed=10)))
+    flags = [f"--events_dir={events_dir}", f"--model_dir={model_dir}", "--idle_timeout_secs=2"]
+    first, out = _start(tmp_path, "first", *flags)
+    assert "online: 3,000 events" in _finish(first, out, tmp_path, "first")
+    read_to = os.path.getsize(path)
+    shutil.copyfile(path, events_dir / "a.csv.1")  # logrotate's copytruncate: a copy aside,
+    os.truncate(path, 0)  # the file emptied in place, then the writer's next events
+    _write_lines(path, _csv(_events(1000, seed=11)))
+    audit = tmp_path / "second.txt"
+    second, out = _start(tmp_path, "second", *flags, f"--trained_events_log={audit}")
+    text = _finish(second, out, tmp_path, "second")
+    assert "online: 1,000 events" in text and ", rewritten files 1, reconnects 0" in text
+    assert sorted(_lines(audit)) == sorted(_line_ids(path, "a.csv", version=2))
+    errors = open(tmp_path / "second.err").read()
+    assert errors.count("was rewritten") == 1
+    assert (
+        f"events file a.csv in {events_dir} was rewritten (now {os.path.getsize(path):,} bytes, "
+        f"shorter than the {read_to:,} read): reading it again from its start, as version 2 "
+        "of it (1 rewritten files in all)"
+    ) in errors
+
+
+def _damage_the_newest_delta(model_dir) -> str:
+    """Cuts short the data file of the newest delta `model_dir`'s manifest lists; returns
+    the checkpoint a restore falls back to (the delta before it, or the full one)."""
+    manifest = json.load(open(model_dir / "deltas.json"))
+    assert manifest["deltas"], manifest  # the newest listed checkpoint is a delta
+    damage_checkpoint(str(model_dir / manifest["deltas"][-1]), "truncated")
+    return str(model_dir / ([manifest["full"], *manifest["deltas"]][-2]))
+
+
+# Checkpoints every 4 steps of 64 events; deltas between full ones (only their size
+# makes one full).
+FALLBACK_FLAGS = [
+    "--checkpoint_every_steps=4",
+    "--checkpoint_every_secs=600",
+    "--full_checkpoint_every=100",
+    "--idle_timeout_secs=2",
+]
+
+
+@pytest.mark.integration
+def test_an_event_folder_trainer_falls_back_past_a_damaged_delta_and_trains_its_events_again(
+    tmp_path,
+):
+    events_dir, model_dir = tmp_path / "events", tmp_path / "model"
+    events_dir.mkdir()
+    path = events_dir / "a.csv"
+    _write_lines(path, _csv(_events(BATCH * 24, seed=12)))
+    flags = [f"--events_dir={events_dir}", f"--model_dir={model_dir}", *FALLBACK_FLAGS]
+    first, out = _start(tmp_path, "first", *flags)
+    _finish(first, out, tmp_path, "first")
+    fallback = _damage_the_newest_delta(model_dir)
+    restored, step, _, position = _checkpoint_state(model_dir)
+    assert restored == fallback and step < 24
+    audit = tmp_path / "second.txt"
+    second, out = _start(tmp_path, "second", *flags, f"--trained_events_log={audit}")
+    text = _finish(second, out, tmp_path, "second")
+    assert f"restored {fallback}: step={step} " in text
+    # The events after the checkpoint restored, every one once, and no other.
+    again = _line_ids(path, "a.csv", start=position["offsets"]["a.csv"])
+    assert _lines(audit) == again and len(again) == BATCH * (24 - step)
+    assert "is damaged" in open(tmp_path / "second.err").read()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import zlib
 
 import numpy as np
 import pytest
@@ -189,6 +191,17 @@ def _append(path, text: str | bytes) -> None:
         out.write(text)
 
 
+def _fingerprint(path, version: int = 1) -> dict:
+    """What a `DirectorySource` position holds of local file `path` read to its end."""
+    data = open(path, "rb").read()
+    return {
+        "size": len(data),
+        "crc32": zlib.crc32(data[-sources.FINGERPRINT_BYTES :]),
+        "version": version,
+        "inode": os.stat(path).st_ino,
+    }
+
+
 def test_directory_source_tails_files_and_resumes_from_offsets(tmp_path):
     folder = tmp_path / "events"
     folder.mkdir()
@@ -207,7 +220,9 @@ def test_directory_source_tails_files_and_resumes_from_offsets(tmp_path):
     assert more == [(3, 30), (4, 40)]
     assert position == {
         "offsets": {name: os.path.getsize(folder / name) for name in ("a.csv", "b.jsonl")},
+        "files": {name: _fingerprint(folder / name) for name in ("a.csv", "b.jsonl")},
         "dead_letters": 1,
+        "rewritten_files": 0,
     }
     restarted = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "d2")))
     restarted.restore(position)
@@ -290,6 +305,189 @@ def test_a_line_longer_than_a_read_is_dead_lettered_once_its_end_is_written(tmp_
     (record,) = _records(dead.path)
     assert record["id"] == "a.jsonl:40" and record["payload"] == long_line[:64]
     assert f"line of {len(long_line) + 3} bytes, longer than the 64 read at once" in record["error"]
+
+
+# ---------------------------------------------------------------------------
+# Event files that change under the trainer (real files, changed in place, replaced,
+# cut short or removed between two reads of one source, or of two across a restart)
+
+
+def _csv_lines(users) -> str:
+    return "".join(f"{user},{user},{user}\n" for user in users)
+
+
+def _users(events) -> list[int]:
+    return [user for user, _ in events]
+
+
+def _copy_truncate(path, new: str) -> None:
+    """logrotate's copytruncate: the file copied aside (a name the source ignores) and
+    emptied in place (the same inode), then the writer's next events."""
+    shutil.copyfile(path, f"{path}.1")
+    os.truncate(path, 0)
+    _append(path, new)
+
+
+def _replace(path, new: str) -> None:
+    """A new file under the same name (another inode), as ``mv new a.csv`` leaves."""
+    with open(f"{path}.new", "w") as out:
+        out.write(new)
+    os.replace(f"{path}.new", path)
+
+
+def _overwrite(path, new: str) -> None:
+    """The file rewritten in place (the same inode), as ``cat new > a.csv`` does."""
+    with open(path, "w") as out:
+        out.write(new)
+
+
+def _shorten(path, new: str) -> None:
+    """The file cut short, to the length of `new` (its first lines)."""
+    os.truncate(path, len(new))
+
+
+def _file_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("events file")]
+
+
+def _rewritten(folder, name: str, change: str, version: int, count: int) -> str:
+    return (
+        f"events file {name} in {folder} was rewritten ({change}): reading it again from "
+        f"its start, as version {version} of it ({count} rewritten files in all)"
+    )
+
+
+@pytest.mark.parametrize(
+    "rewrite, new_users, change",
+    [
+        (_copy_truncate, range(100, 110), "now 128 bytes, shorter than the 368 read"),
+        (_replace, range(100, 150), "another file: inode {old}, now {new}"),
+        (_overwrite, range(100, 150), "its bytes before byte 368 changed"),
+        (_shorten, range(10, 20), "now 98 bytes, shorter than the 368 read"),
+    ],
+)
+def test_a_file_rewritten_while_the_trainer_was_stopped_is_read_again_from_its_start(
+    tmp_path, caplog, rewrite, new_users, change
+):
+    """The checkpointed offset of a file rewritten since (rotated by copy and truncate,
+    replaced, overwritten, cut short) means nothing in it: the restarted source reads it
+    again from its start, says so once, and counts it."""
+    folder = tmp_path / "events"
+    folder.mkdir()
+    path = folder / "a.csv"
+    _append(path, "bad,1,1\n" + _csv_lines(range(10, 50)))  # 368 bytes
+    dead_path = str(tmp_path / "dead.jsonl")
+    first = sources.DirectorySource(str(folder), DeadLetterFile(dead_path))
+    events, position = _read_all(first, chunk=100)
+    assert _users(events) == list(range(10, 50)) and position["offsets"] == {"a.csv": 368}
+    old_inode = os.stat(path).st_ino
+    rewrite(path, "bad,2,2\n" + _csv_lines(new_users))
+    caplog.clear()
+    restarted = sources.DirectorySource(str(folder), DeadLetterFile(dead_path))
+    restarted.restore(position)
+    chunk = restarted.read(100, 0.05)
+    assert chunk.users.tolist() == list(new_users)
+    assert chunk.ids[0] == "a.csv#2:8"  # the rewritten file's ids are its own
+    change = change.format(old=old_inode, new=os.stat(path).st_ino)
+    assert _file_warnings(caplog) == [_rewritten(folder, "a.csv", change, 2, 1)]
+    assert restarted.rewritten_files == 1 == chunk.position["rewritten_files"]
+    assert chunk.position["offsets"] == {"a.csv": os.path.getsize(path)}
+    assert chunk.position["files"] == {"a.csv": _fingerprint(path, version=2)}
+    # Its bad line is a dead letter of its own, though at the offset of the old one's.
+    assert [record["id"] for record in _records(dead_path)] == ["a.csv:0", "a.csv#2:0"]
+    assert restarted.dead_letters == 2
+    _append(path, _csv_lines([7]))
+    assert _read_all(restarted)[0] == [(7, 7)] and len(_file_warnings(caplog)) == 1
+
+
+def test_a_position_of_an_earlier_format_still_sees_a_file_shorter_than_its_offset(
+    tmp_path, caplog
+):
+    """3,000 events read, the file rotated by copy and truncate and 1,000 written: from
+    a position of an earlier format too (bare offsets, or offsets alone) the 1,000 are
+    read, not skipped."""
+    folder = tmp_path / "events"
+    folder.mkdir()
+    _append(folder / "a.csv", _csv_lines(range(3000)))
+    offset = os.path.getsize(folder / "a.csv")
+    _copy_truncate(folder / "a.csv", _csv_lines(range(5000, 6000)))
+    for position in ({"a.csv": offset}, {"offsets": {"a.csv": offset}, "dead_letters": 4}):
+        caplog.clear()
+        source = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "d")))
+        source.restore(position)
+        assert _users(_read_all(source, chunk=400)[0]) == list(range(5000, 6000))
+        change = (
+            f"now {os.path.getsize(folder / 'a.csv'):,} bytes, shorter than the {offset:,} read"
+        )
+        assert _file_warnings(caplog) == [_rewritten(folder, "a.csv", change, 2, 1)]
+        assert source.rewritten_files == 1
+
+
+def test_a_file_rewritten_under_a_running_trainer_is_read_again_from_its_start(tmp_path, caplog):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    path = folder / "a.csv"
+    _append(path, _csv_lines(range(30)))
+    _append(folder / "b.csv", _csv_lines(range(200, 205)))
+    source = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "dead")))
+    assert _users(_read_all(source, chunk=100)[0]) == [*range(30), *range(200, 205)]
+    read_to = os.path.getsize(path)
+    _copy_truncate(path, _csv_lines(range(100, 105)))  # shorter than what was read
+    assert source.read(100, 0.05).ids == [f"a.csv#2:{offset}" for offset in range(0, 60, 12)]
+    _append(path, _csv_lines([105, 106]))
+    assert _users(_read_all(source)[0]) == [105, 106]  # tailed on, not read again
+    inode, read_to_2 = os.stat(path).st_ino, os.path.getsize(path)
+    _replace(path, _csv_lines(range(300, 340)))  # longer than what was read
+    assert _users(_read_all(source, chunk=100)[0]) == list(range(300, 340))
+    read_to_3 = os.path.getsize(path)
+    _overwrite(path, _csv_lines(range(400, 450)))  # longer again, and the same inode
+    events, position = _read_all(source, chunk=100)
+    assert _users(events) == list(range(400, 450))
+    assert _file_warnings(caplog) == [
+        _rewritten(folder, "a.csv", f"now 60 bytes, shorter than the {read_to} read", 2, 1),
+        _rewritten(
+            folder, "a.csv", f"another file: inode {inode}, now {os.stat(path).st_ino}", 3, 2
+        ),
+        _rewritten(folder, "a.csv", f"its bytes before byte {read_to_3} changed", 4, 3),
+    ]
+    assert read_to_2 < read_to_3
+    assert source.rewritten_files == 3 == position["rewritten_files"]
+    assert position["files"] == {
+        "a.csv": _fingerprint(path, version=4),
+        "b.csv": _fingerprint(folder / "b.csv"),
+    }
+
+
+def test_a_file_gone_from_the_folder_is_named_once_and_read_on_if_it_comes_back(tmp_path, caplog):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    path = folder / "a.csv"
+    _append(path, _csv_lines(range(10)))
+    _append(folder / "b.csv", _csv_lines([100]))
+    source = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "dead")))
+    assert len(_read_all(source)[0]) == 11
+    read_to = os.path.getsize(path)
+    os.rename(path, tmp_path / "aside.csv")  # out of the folder
+    for _ in range(3):  # three polls, one warning
+        assert source.read(10, 0.0) is None
+    gone = (
+        f"events file a.csv, read to byte {read_to}, is no longer in {folder}: if it comes "
+        "back, it is read on from there, or from its start if it was rewritten"
+    )
+    assert _file_warnings(caplog) == [gone]
+    _append(folder / "b.csv", _csv_lines([101]))
+    chunk = source.read(10, 0.05)
+    assert chunk.users.tolist() == [101] and chunk.position["offsets"]["a.csv"] == read_to
+    assert chunk.position["files"]["a.csv"]["gone"] is True
+    caplog.clear()
+    restarted = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "dead")))
+    restarted.restore(chunk.position)
+    assert restarted.read(10, 0.0) is None and not _file_warnings(caplog)  # named once
+    os.rename(tmp_path / "aside.csv", path)  # back, and written on
+    _append(path, _csv_lines([10, 11]))
+    events, position = _read_all(restarted)
+    assert _users(events) == [10, 11] and not _file_warnings(caplog)
+    assert position["files"]["a.csv"] == _fingerprint(path) and restarted.rewritten_files == 0
 
 
 # ---------------------------------------------------------------------------

@@ -60,11 +60,17 @@ def summary_line(summary: dict, top_k: int) -> str:
         f"online: {summary['events']:,} events in {summary['seconds']:.1f} s "
         f"({rate:,.0f} events/s), step {summary['steps']}, prequential HR@{top_k}="
         f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
-        f"lost events {summary['lost_events']}, "
+        f"lost events {summary['lost_events']}, {_rewritten_files(summary)}"
         f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
         f"{_shards(summary)}"
         f"stopped by {summary['stopped_by']}"
     )
+
+
+def _rewritten_files(summary: dict) -> str:
+    """Event files read again from their start, for a source of files."""
+    count = summary["rewritten_files"]
+    return "" if count is None else f"rewritten files {count}, "
 
 
 def _shards(summary: dict) -> str:

@@ -9,7 +9,10 @@ that buys:
 - `IterableSource`: a re-iterable collection resumes after the events trained.
 - `DirectorySource`: append-only ``*.jsonl`` / ``*.csv`` files in a folder, read in
   name order and tailed as they grow; the byte offsets are the position, so a restart
-  resumes exactly after the last checkpointed event.
+  resumes exactly after the last checkpointed event. The position also recognises each
+  file (its size, a checksum of the bytes before its offset, its inode): a file
+  rewritten meanwhile (rotated by copy and truncate, replaced, shortened) is read again
+  from its start instead of being skipped to an offset that no longer means anything.
 - `RedisSource` (in `redis_source`): a Redis stream read through a consumer group
   (``XREADGROUP``). Entries are acknowledged (``XACK``) only by `commit`, so whatever
   was delivered but not in a durable checkpoint stays pending and is delivered again
@@ -39,12 +42,15 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
+from official.utils.misc import atomic
 from recommendation.online.dead_letters import DeadLetterFile
 from recommendation.online.event_parsing import EventChunk, parse_event
 
@@ -112,6 +118,10 @@ class IterableSource:
         """Nothing to release."""
 
 
+# Bytes before a file's offset whose checksum a `DirectorySource` position keeps.
+FINGERPRINT_BYTES = 4096
+
+
 class DirectorySource:
     """Tails append-only ``*.jsonl`` (one JSON object per line) and ``*.csv``
     (``user,item,timestamp``; a header line is skipped) files in a folder.
@@ -119,8 +129,20 @@ class DirectorySource:
     Files are read in name order, each from its remembered byte offset; only complete
     (newline-terminated) lines are read, so a writer may append at any pace. A line
     longer than `read_bytes` is dead-lettered (its start kept) once its end has been
-    written, and reading goes on after it. The position is ``{"offsets": {file name:
-    offset}, "dead_letters": count}``.
+    written, and reading goes on after it.
+
+    The position is ``{"offsets": {file name: offset}, "files": {file name:
+    fingerprint}, "dead_letters": count, "rewritten_files": count}``. A file's
+    fingerprint recognises the file read to its offset: ``size`` (its bytes when
+    read), ``crc32`` (of the `FINGERPRINT_BYTES` before the offset), ``inode`` (local
+    files only) and ``version`` (1, then one more each time it was rewritten). A file
+    now shorter than its offset, another inode, or changed bytes before the offset
+    (checked with each read, from the same read) mean it was rewritten: it is read
+    again from its start, with a warning, and counted in `rewritten_files`; its
+    events' ids (``<file>:<offset>``, ``<file>#<version>:<offset>`` after a rewrite)
+    stay unique, so their dead letters are recorded. A file in the position that is
+    no longer in the folder is named once (``"gone"`` in its fingerprint); if it comes
+    back, the same checks decide where it is read from.
 
     Args:
         directory: The folder (local or any tf.io.gfile path).
@@ -135,16 +157,23 @@ class DirectorySource:
         self.dead_letter = dead_letter
         self.read_bytes = read_bytes
         self.offsets: dict[str, int] = {}
+        # file -> fingerprint (class docstring); replaced, never changed in place, so
+        # that the positions handed out keep theirs.
+        self.files: dict[str, dict] = {}
         self.dead_letters = 0
+        self.rewritten_files = 0
         self.exhausted = False  # a folder can always grow
         # file -> (offset of a long line, bytes of it scanned without finding its end)
         self._long_line_scan: dict[str, tuple[int, int]] = {}
 
     def restore(self, position: dict | None) -> None:
-        """Resumes at `position` (also the bare offsets of earlier versions)."""
+        """Resumes at `position` (also the positions of earlier versions: bare offsets,
+        or offsets without fingerprints)."""
         position = position or {}
         if "offsets" in position:  # no event file is named "offsets": it has no suffix
             self.offsets, self.dead_letters = dict(position["offsets"]), position["dead_letters"]
+            self.files = dict(position.get("files", {}))
+            self.rewritten_files = position.get("rewritten_files", 0)
         else:
             self.offsets, self.dead_letters = dict(position), 0
 
@@ -164,34 +193,73 @@ class DirectorySource:
         deadline = time.monotonic() + timeout
         while True:
             events, ids = [], []
-            for name in self._files():
+            names = self._files()
+            self._note_gone(names)
+            for name in names:
                 if len(events) >= max_events:
                     break
                 self._read_file(name, max_events - len(events), events, ids)
             if events:
-                position = {"offsets": dict(self.offsets), "dead_letters": self.dead_letters}
+                position = {
+                    "offsets": dict(self.offsets),
+                    "files": dict(self.files),
+                    "dead_letters": self.dead_letters,
+                    "rewritten_files": self.rewritten_files,
+                }
                 return _chunk(events, ids, position)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(min(0.05, timeout))
 
+    def _note_gone(self, names: list[str]) -> None:
+        """Names once each file of the position that is no longer in the folder."""
+        listed = set(names)
+        for name, offset in self.offsets.items():
+            seen = self.files.get(name, {})
+            if name in listed and seen.get("gone"):
+                self.files[name] = {key: value for key, value in seen.items() if key != "gone"}
+            elif name not in listed and not seen.get("gone"):
+                self.files[name] = {**seen, "gone": True}
+                logging.warning(
+                    "events file %s, read to byte %s, is no longer in %s: if it comes back, "
+                    "it is read on from there, or from its start if it was rewritten",
+                    name,
+                    f"{offset:,}",
+                    self.directory,
+                )
+
     def _read_file(self, name: str, limit: int, events: list, ids: list) -> None:
         path = os.path.join(self.directory, name)
-        offset = self.offsets.get(name, 0)
         try:
-            if tf.io.gfile.stat(path).length <= offset:
-                return
-        except tf.errors.NotFoundError:
+            length, inode = _size_and_inode(path)
+        except (tf.errors.NotFoundError, FileNotFoundError):
             return  # removed since listed
+        offset, seen = self.offsets.get(name, 0), self.files.get(name, {})
+        change = None
+        if offset > length:
+            change = f"now {length:,} bytes, shorter than the {offset:,} read"
+        elif inode is not None and seen.get("inode", inode) != inode:
+            change = f"another file: inode {seen['inode']}, now {inode}"
+        if change:
+            self._read_again(name, change)
+            return self._read_file(name, limit, events, ids)
+        if length == offset and length >= seen.get("size", 0):
+            return  # nothing new, and not shortened
+        start = max(0, offset - FINGERPRINT_BYTES)
         with tf.io.gfile.GFile(path, "rb") as stream:
-            stream.seek(offset)
-            block = stream.read(self.read_bytes)
+            stream.seek(start)
+            data = stream.read(offset - start + self.read_bytes)
+            before, block = data[: offset - start], data[offset - start :]
+            if "crc32" in seen and zlib.crc32(before) != seen["crc32"]:
+                self._read_again(name, f"its bytes before byte {offset:,} changed")
+                return self._read_file(name, limit, events, ids)
             end = block.rfind(b"\n") + 1  # complete lines only
             if not end and len(block) == self.read_bytes:
-                self._skip_long_line(name, offset, block, stream)
+                self._skip_long_line(name, offset, block, stream, length, inode)
                 return
+        first, id_prefix = offset, self._id_prefix(name)
         for line in block[:end].splitlines(keepends=True)[:limit]:
-            line_id = f"{name}:{offset}"
+            line_id = f"{id_prefix}:{offset}"
             is_header = offset == 0 and name.endswith(".csv")
             offset += len(line)
             text = line.strip()
@@ -203,9 +271,45 @@ class DirectorySource:
                 self._dead_letter(line_id, text, str(error))
                 continue
             ids.append(line_id)
-        self.offsets[name] = offset
+        self._remember(name, offset, (before + block[: offset - first]), length, inode)
 
-    def _skip_long_line(self, name: str, offset: int, start: bytes, stream) -> None:
+    def _id_prefix(self, name: str) -> str:
+        """What the source ids of file `name`'s lines start with (its version's)."""
+        version = self.files.get(name, {}).get("version", 1)
+        return name if version == 1 else f"{name}#{version}"
+
+    def _read_again(self, name: str, change: str) -> None:
+        """Starts file `name` over from its start: it was rewritten (`change` says how)."""
+        self.rewritten_files += 1
+        version = self.files.get(name, {}).get("version", 1) + 1
+        self.offsets[name], self.files[name] = 0, {"version": version}
+        self._long_line_scan.pop(name, None)
+        logging.warning(
+            "events file %s in %s was rewritten (%s): reading it again from its start, as "
+            "version %d of it (%d rewritten files in all)",
+            name,
+            self.directory,
+            change,
+            version,
+            self.rewritten_files,
+        )
+
+    def _remember(
+        self, name: str, offset: int, read: bytes, length: int, inode: int | None
+    ) -> None:
+        """Sets file `name`'s offset and fingerprint; `read` ends at the offset."""
+        fingerprint = {
+            "size": length,
+            "crc32": zlib.crc32(read[len(read) - min(offset, FINGERPRINT_BYTES) :]),
+            "version": self.files.get(name, {}).get("version", 1),
+        }
+        if inode is not None:
+            fingerprint["inode"] = inode
+        self.offsets[name], self.files[name] = offset, fingerprint
+
+    def _skip_long_line(
+        self, name: str, offset: int, start: bytes, stream, length: int, inode: int | None
+    ) -> None:
         """Dead-letters the line at `offset`, longer than `read_bytes`, and moves past
         it once its end is in the file; until then, remembers how far it was scanned."""
         scanned = len(start)
@@ -221,11 +325,12 @@ class DirectorySource:
             if newline >= 0:
                 break
             scanned += len(block)
-        length = scanned + newline + 1
+        end = offset + scanned + newline + 1
         self._long_line_scan.pop(name, None)
-        reason = f"line of {length:,} bytes, longer than the {self.read_bytes:,} read at once"
-        self._dead_letter(f"{name}:{offset}", start, reason)
-        self.offsets[name] = offset + length
+        reason = f"line of {end - offset:,} bytes, longer than the {self.read_bytes:,} read at once"
+        self._dead_letter(f"{self._id_prefix(name)}:{offset}", start, reason)
+        stream.seek(max(0, end - FINGERPRINT_BYTES))
+        self._remember(name, end, stream.read(min(end, FINGERPRINT_BYTES)), max(length, end), inode)
 
     def _dead_letter(self, line_id: str, text: bytes, error: str) -> None:
         self.dead_letter.add(line_id, text, error)
@@ -233,6 +338,12 @@ class DirectorySource:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _size_and_inode(path: str) -> tuple[int, int | None]:
+    """A file's length, and its inode where the file system has one (a local path)."""
+    length = tf.io.gfile.stat(path).length
+    return length, os.stat(path).st_ino if atomic.is_local(path) else None
 
 
 def _is_header(text: bytes) -> bool:
