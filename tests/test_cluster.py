@@ -363,6 +363,38 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
 
 
 @pytest.mark.integration
+def test_no_step_in_flight_trains_a_row_that_another_id_holds_by_then(tmp_path):
+    """A stream that evicts, frees and moves rows at every step, on 2 ps tasks and 2
+    workers with two steps a worker in flight: after every resolve, each step still in
+    flight finds each of its ids on the row it was resolved with (`in_flight_audit`)."""
+    tasks = _Cluster(tmp_path, free_ports(5))
+    audit = tmp_path / "audit.json"
+    try:
+        for kind in ("ps", "worker"):
+            for index in range(2):
+                tasks.start(kind, index)
+        chief = subprocess.run(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "in_flight_audit.py")]
+            + [str(audit)],
+            env={**os.environ, "TF_CONFIG": tasks.tf_config("chief", 0)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        tasks.stop()
+    assert chief.returncode == 0, chief.stderr[-3000:]
+    result = json.loads(audit.read_text())
+    assert result["steps"] == 160 and result["most_in_flight"] == 4
+    print(json.dumps({k: v for k, v in result.items() if k != "violations"}))
+    assert result["violations"] == [], result["violations"][:5]
+    # It did evict, free and move rows: 4 new users a step, freed 8 steps after their
+    # last sighting; 2 new items a step in a full table of 32.
+    assert result["user"]["admitted"] >= 4 * 160 and result["user"]["evicted"] > 500
+    assert result["item"]["evicted"] > 200 and result["drains"] > 0
+
+
+@pytest.mark.integration
 def test_a_task_whose_port_is_taken_exits_with_one_line(
     monkeypatch,
 ):

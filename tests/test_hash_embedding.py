@@ -239,9 +239,16 @@ class _TableModel:
     first appearance, while rows are spare, then (unless the policy is ``none``) in
     place of the lowest (priority, id) row the step did not use; refuses the rest."""
 
-    def __init__(self, capacity: int, permit: int, policy: str, tie=lambda key: key) -> None:
+    def __init__(
+        self, capacity: int, permit: int, policy: str, tie=lambda key: key, pin_steps: int = 0
+    ) -> None:
         self.capacity, self.permit, self.tie = capacity, permit, tie
         self.policy = parse_policy(policy)
+        # On a cluster: ids trained by the last `pin_steps` steps keep their rows, and
+        # expiry waits for `upkeep`.
+        self.pin_steps = pin_steps
+        self.trained_at: dict = {}  # id -> the last step that trained it
+        self.drained_at = 0  # the step of the last `upkeep`
         self.held: dict = {}  # id -> [priority, last step seen, last clock seen]
         self.pending: dict = {}  # id -> [sightings, last step seen]
         self.step, self.clock = 0, -(2**62)
@@ -253,6 +260,26 @@ class _TableModel:
             return now
         count = float(sightings) + (math.exp(old - now) if old is not None else 0.0)
         return math.log(count) + now
+
+    def pinned(self, key) -> bool:
+        return self.pin_steps > 0 and self.trained_at.get(key, 0) > max(
+            self.step - self.pin_steps - 1, self.drained_at
+        )
+
+    def upkeep(self) -> None:
+        """Between a cluster's drained steps: nothing is pinned; expired rows freed."""
+        self.drained_at = self.step
+        self.expire()
+
+    def expire(self) -> None:
+        """Frees the rows whose stamp is below the clock minus the ttl (on a cluster,
+        not those of the steps in flight)."""
+        ttl = self.policy.ttl_seconds or self.policy.ttl_steps
+        now, stamp = (self.clock, 2) if self.policy.ttl_seconds else (self.step, 1)
+        for key, state in list(self.held.items()) if ttl else ():
+            if state[stamp] < now - ttl and not self.pinned(key):
+                del self.held[key]
+                self.evicted += 1
 
     def train(self, ids: list, times: list | None = None) -> None:
         self.step += 1
@@ -266,11 +293,8 @@ class _TableModel:
                 self.held[key] = [self._priority(old, counts[key]), self.step, self.clock]
         ttl = self.policy.ttl_seconds or self.policy.ttl_steps
         if ttl:
-            now, stamp = (self.clock, 2) if self.policy.ttl_seconds else (self.step, 1)
-            for key, state in list(self.held.items()):
-                if state[stamp] < now - ttl:
-                    del self.held[key]
-                    self.evicted += 1
+            if not self.pin_steps:
+                self.expire()
             if self.permit > 1 and self.policy.ttl_steps and self.step % ttl == 0:
                 for key, (_, seen) in list(self.pending.items()):
                     if self.step - seen > ttl:
@@ -289,7 +313,7 @@ class _TableModel:
                 idle = [
                     (state[0], self.tie(k), k)
                     for k, state in self.held.items()
-                    if state[1] != self.step
+                    if state[1] != self.step and not self.pinned(k)
                 ]
                 if idle:
                     del self.held[min(idle)[2]]
@@ -361,6 +385,60 @@ def test_the_table_holds_what_its_model_holds_step_by_step(
     counts = layer.counts()
     # (admitted, evicted, refused) of each seeded stream: every table fills (under
     # "none" it then refuses; the others end full, admitted - evicted == capacity).
+    totals = (counts["admitted"], counts["evicted"], counts["refused"])
+    assert totals == (model.admitted, model.evicted, model.refused) == expected
+
+
+@pytest.mark.parametrize(
+    "capacity, policy, seed, expected",
+    [
+        (8, "lru", 0, (222, 214, 30)),
+        (8, "lfu:3", 1, (212, 204, 27)),
+        (10, "ttl:2", 2, (259, 250, 6)),
+    ],
+)
+def test_rows_of_the_steps_in_flight_keep_their_ids_until_those_steps_are_done(
+    capacity, policy, seed, expected
+):
+    """A coordinator's table (`pin_in_flight(2)`), checked step by step against
+    `_TableModel`: each step also trains a few held rows as negatives (`note_trained`),
+    and every third step runs the upkeep of drained steps (growth, expiry). A row that
+    one of the last 2 steps trained keeps its id (no eviction, no expiry, no move),
+    and the table holds what the model holds."""
+    layer = HashEmbedding(2, capacity=capacity, eviction=policy)
+    layer(tf.constant([0], tf.int64))  # built
+    layer.pin_in_flight(2)
+    model = _TableModel(capacity, 1, policy, pin_steps=2)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)] * 2)
+    def step(ids, negatives):
+        slots = layer.slots(ids, training=True)
+        trained = tf.concat([slots, layer.lookup_slots(negatives)], 0)
+        layer.note_trained(trained)
+        return trained
+
+    rng = np.random.default_rng(seed)
+    in_flight = collections.deque(maxlen=2)  # rows -> ids of the last 2 steps
+    for index in range(150):
+        if index % 3 == 2:  # between drained steps: none in flight
+            layer.upkeep(4)
+            model.upkeep()
+            in_flight.clear()
+        batch = rng.integers(0, 3 * capacity, rng.integers(1, 5)).tolist()
+        negatives = rng.choice(sorted(model.held), min(2, len(model.held))).tolist()
+        slots = step(tf.constant(batch, tf.int64), tf.constant(negatives, tf.int64)).numpy()
+        model.train(batch)
+        for key in set(batch + negatives) & set(model.held):  # (a negative may be evicted)
+            model.trained_at[key] = model.step
+        keys = layer.slot_keys.numpy()
+        for rows in in_flight:  # each row of a step in flight holds its id, and it that row
+            assert {row: keys[row] for row in rows} == rows
+            ids = tf.constant(list(rows.values()), tf.int64)
+            assert layer.lookup_slots(ids).numpy().tolist() == list(rows)
+        in_flight.append({row: keys[row] for row in slots[slots > 0].tolist()})
+        assert set(layer.contents()[0].numpy().tolist()) == set(model.held)
+    counts = layer.counts()
+    # (admitted, evicted, refused): refused where every idle row was pinned.
     totals = (counts["admitted"], counts["evicted"], counts["refused"])
     assert totals == (model.admitted, model.evicted, model.refused) == expected
 

@@ -17,10 +17,11 @@ each a ``tf.distribute.Server`` (`serve`).
   gradients there (lazy Adam on the rows, Adam on the dense weights).
 
 Steps run asynchronously, as on any parameter server: up to `max_in_flight` steps at
-once, each computing its gradient on weights that the others may have moved. A row
-that the coordinator evicts or moves while a step in flight trains it may take that
-step's update to its new id, or lose it: the index itself is only ever changed by the
-coordinator, one step at a time, so every id has one row, on one task.
+once, each computing its gradient on weights that the others may have moved. The
+index is only ever changed by the coordinator, one step at a time, so every id has one
+row, on one task; and no step's update lands on a row that another id holds by the
+time it is applied (`steps_in_flight`): the rows of the steps in flight are pinned
+against eviction, and rows are moved or reallocated only between drained steps.
 
 A worker that dies is the coordinator's to handle: `ClusterCoordinator` runs its steps
 again on the others (a step may thus be applied twice: at least once), and with none
@@ -250,6 +251,9 @@ class ClusterTraining:
                 "loss, with an optimizer"
             )
         self._build_optimizer()
+        tables = self.row_tables()
+        for table in tables:
+            table.pin_in_flight(max_in_flight)
 
         def resolve_step(data):
             resolved = resolve(data, training=True)
@@ -260,12 +264,17 @@ class ClusterTraining:
         def train(resolved, step):
             return self._train_step(resolved, None, step)
 
-        self.cluster = ClusterSteps(coordinator, resolve_step, train, max_in_flight)
+        self.cluster = ClusterSteps(coordinator, resolve_step, train, max_in_flight, tables)
 
     def finish_steps(self) -> dict[str, float]:
         """Waits for the steps in flight on a cluster; their mean logs ({} in one
         process)."""
         return self.cluster.finish() if self.cluster is not None else {}
+
+
+def _num_events(stacked) -> int:
+    """Events in each step of stacked batches (their second dimension)."""
+    return int(tf.nest.flatten(stacked)[0].shape[1])
 
 
 class ClusterSteps:
@@ -279,6 +288,8 @@ class ClusterSteps:
             context of the coordinator's strategy.
         max_in_flight: Most steps scheduled and not finished; more waits for the
             oldest (the stream is read no faster than the workers train).
+        tables: The hash tables whose rows the steps train (`steps_in_flight`: their
+            upkeep runs between drained steps).
     """
 
     def __init__(
@@ -287,8 +298,10 @@ class ClusterSteps:
         resolve: Callable,
         train: Callable,
         max_in_flight: int,
+        tables: list,
     ) -> None:
         self.coordinator = coordinator
+        self.tables = tables
         strategy = coordinator.strategy
         self._resolve = tf.function(resolve, reduce_retracing=True)
         self._train = tf.function(
@@ -302,16 +315,24 @@ class ClusterSteps:
         # steps after the first (whose tracing would swamp them), and those steps.
         self.seconds = {"resolve": 0.0, "schedule": 0.0, "wait": 0.0}
         self.timed_steps = -1
+        self.drains = 0  # of the steps in flight, for the tables' upkeep
 
     def run(self, group) -> dict[str, float]:
         """Schedules one step per batch of `group` (`stream_batches.BatchGroup`);
         returns the mean logs of the steps that finished meanwhile (those of the last
         to finish before, when none did)."""
         finished = []
+        events = _num_events(group.stacked)
         for index in range(group.num_steps):
             data = tf.nest.map_structure(
                 lambda t, i=index: tf.convert_to_tensor(t[i]), group.stacked
             )
+            due = [table for table in self.tables if table.upkeep_due(events)]
+            if due:  # rows move or grow: no step may be in flight
+                finished += [self._fetch_oldest() for _ in range(len(self._in_flight))]
+                self.drains += 1
+                for table in due:
+                    table.upkeep(events)
             start = time.perf_counter()
             resolved, step = self._resolve(data)
             scheduled = time.perf_counter()
