@@ -241,6 +241,38 @@ def test_a_model_dir_that_is_a_file_ends_with_one_error_line(tmp_path):
     )
 
 
+def test_an_export_dir_in_the_way_is_refused_before_any_data_or_training(tmp_path):
+    (tmp_path / "export").write_text("")
+    with pytest.raises(ModelDirError) as refused:
+        cycles.run(_config(tmp_path, export_dir=str(tmp_path / "export")))
+    assert str(refused.value) == (
+        f"--export_dir {tmp_path / 'export'} is a file, not a folder: give a folder for the exports"
+    )
+    assert not (tmp_path / "data").exists() and os.listdir(tmp_path / "model") == []
+
+
+@pytest.mark.integration
+def test_a_read_only_export_dir_ends_with_one_line_before_training(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    result, left = run_module_on_a_tmpfs(
+        disk,
+        "ro",
+        "recommendation.ncf_main",
+        *TINY_NCF_MAIN_FLAGS,
+        f"--data_dir={tmp_path / 'data'}",
+        f"--model_dir={tmp_path / 'model'}",
+        f"--export_dir={disk / 'export'}",
+    )
+    line = the_error_line(result)
+    assert left == [] and not (tmp_path / "data").exists()
+    assert os.listdir(tmp_path / "model") == []  # nothing trained
+    assert line == (
+        f"error: cannot write exports in {disk / 'export'}: Read-only file system; pass "
+        "--export_dir with a writable folder"
+    )
+
+
 @pytest.mark.integration
 def test_a_full_disk_under_model_dir_ends_with_one_line_and_no_partial_checkpoint(tmp_path):
     # A real full disk: a 64 KiB tmpfs, and a model whose checkpoint needs about 600 KB.

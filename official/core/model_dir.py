@@ -28,32 +28,35 @@ from official.utils.misc import atomic, errors
 
 
 class ModelDirError(Exception):
-    """model_dir cannot be used, or a checkpoint in it cannot be restored or written;
-    the message says what to do."""
+    """model_dir (or another folder a trainer writes, its --export_dir) cannot be used,
+    or a checkpoint in it cannot be restored or written; the message says what to do."""
 
 
-def prepare(model_dir: str) -> None:
-    """Creates `model_dir` and checks that it takes files, before anything is written
-    there (checkpoints, summaries, the MLPerf log).
+def prepare(folder: str, flag: str = "--model_dir", what: str = "checkpoints and logs") -> None:
+    """Creates `folder` and checks that it takes files, before anything is written
+    there (a model_dir's checkpoints, summaries and MLPerf log; exports) or any work is
+    done for it.
+
+    Args:
+        folder: What `flag` names.
+        flag: The flag, in the messages.
+        what: What the folder is for, in the messages.
 
     Raises:
         ModelDirError: It is a file, or it cannot be created or written.
     """
-    if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
+    if tf.io.gfile.exists(folder) and not tf.io.gfile.isdir(folder):
         raise ModelDirError(
-            f"--model_dir {model_dir} is a file, not a folder: give a folder for the "
-            "checkpoints and logs"
+            f"{flag} {folder} is a file, not a folder: give a folder for the {what}"
         )
-    probe = os.path.join(model_dir, f".write-test-{os.getpid()}")
+    probe = os.path.join(folder, f".write-test-{os.getpid()}")
     try:
-        tf.io.gfile.makedirs(model_dir)
+        tf.io.gfile.makedirs(folder)
         with tf.io.gfile.GFile(probe, "w") as out:
             out.write("")
         tf.io.gfile.remove(probe)
     except (tf.errors.OpError, OSError) as error:
-        raise ModelDirError(
-            errors.write_failure(error, "checkpoints and logs", model_dir, "--model_dir")
-        ) from None
+        raise ModelDirError(errors.write_failure(error, what, folder, flag)) from None
 
 
 def restore_latest(

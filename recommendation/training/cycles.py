@@ -72,6 +72,8 @@ def run(config: NcfConfig) -> RunResult:
 
     Raises:
         signals.Interrupted: A stop signal arrived (with what was kept, for a resume).
+        ModelDirError: model_dir or export_dir cannot be written, or another live
+            process writes model_dir (its lease names it).
     """
     start = time.perf_counter()
     check_eval_split(config)
@@ -104,6 +106,8 @@ def run(config: NcfConfig) -> RunResult:
     # folder (never another live run's) and before the compliance log opens there.
     if not chief:
         return _run_holding_model_dir(config, strategy, chief, start)
+    if config.export_dir:  # its export, checked before any data is prepared
+        model_dir.prepare(config.export_dir, "--export_dir", "exports")
     with writer_lease.hold(config.model_dir, "ncf-main", clean=config.clean):
         return _run_holding_model_dir(config, strategy, chief, start)
 
