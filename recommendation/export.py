@@ -5,7 +5,8 @@
 
 takes the latest checkpoint in ``--model_dir`` (with the same dataset and model flags
 as the ``ncf-main`` run that wrote it) and exports it; ``ncf-main --export_dir E
-[--export_onnx]`` does the same at the end of training.
+[--export_onnx]`` does the same at the end of training. An export folder that a live
+trainer writes (its lease, `writer_lease.hold_export`) is refused before any work.
 
 What the export holds is described in `recommendation.serving.serving_module`.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
+from official.core import writer_lease
 from official.core.model_dir import ModelDirError
 from official.utils.misc import errors
 from recommendation.data import movielens
@@ -26,7 +28,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
-    with errors.exit_on_user_errors(ExportError, movielens.DataError, ModelDirError, ValueError):
+    with (
+        errors.exit_on_user_errors(ExportError, movielens.DataError, ModelDirError, ValueError),
+        writer_lease.hold_export(config.export_dir, "python -m recommendation.export"),
+    ):
         parity = export_from_checkpoint(config)
     line = f"exported {config.model_dir} to {config.export_dir}"
     if parity is not None:

@@ -185,12 +185,21 @@ def run(config: OnlineConfig) -> dict:
     checkpointed stream position).
 
     Raises:
-        ModelDirError: Another live process writes model_dir (its lease names it).
+        ModelDirError: Another live process writes model_dir or export_dir (its lease
+            names it), or one of them cannot be written.
     """
     if config.seed is not None:
         tf.keras.utils.set_random_seed(config.seed)
     model_dir.prepare(config.model_dir)
-    with writer_lease.hold(config.model_dir, "ncf-online", clean=config.clean):
+    if config.export_dir:
+        model_dir.prepare(config.export_dir, "--export_dir", "exports")
+    # Both leases before --clean empties model_dir: a run refused touches nothing.
+    with (
+        writer_lease.hold(config.model_dir, "ncf-online") as lease,
+        writer_lease.hold_export(config.export_dir, "ncf-online"),
+    ):
+        if config.clean:
+            lease.clear_folder()
         return _run_holding_model_dir(config)
 
 

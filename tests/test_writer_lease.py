@@ -1,11 +1,13 @@
-"""One writer per model_dir: a second trainer refused, a dead holder taken over, a
-holder whose lease was taken over stopping before it writes."""
+"""One writer per model_dir and per export folder: a second trainer (or export) refused,
+a dead holder taken over, a holder whose lease was taken over stopping before it
+writes."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -13,18 +15,20 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import ROOT, TINY_NCF_MAIN_FLAGS, the_error_line, tiny_runner
+from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module, the_error_line, tiny_runner
 
 from official.core import writer_lease
 from official.core.model_dir import ModelDirError
 from official.core.writer_lease import LEASE_FILE
+from recommendation.online import versioned_export
+from recommendation.serving import export_files
 
 HOST = socket.gethostname()
 SINCE = r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 
 
-def _write_lease(folder, **fields) -> dict:
-    """A lease file as another process would have left it."""
+def _write_lease(folder, name: str = LEASE_FILE, **fields) -> dict:
+    """A lease file `name` in `folder` as another process would have left it."""
     now = time.time()
     lease = {
         "program": "ncf-online",
@@ -37,7 +41,7 @@ def _write_lease(folder, **fields) -> dict:
         "token": "theirs",
         **fields,
     }
-    (folder / LEASE_FILE).write_text(json.dumps(lease))
+    (folder / name).write_text(json.dumps(lease))
     return lease
 
 
@@ -100,16 +104,31 @@ def test_a_holder_on_another_host_is_waited_for_until_its_lease_expires(tmp_path
         pass
 
 
-@pytest.mark.integration
-def test_clean_empties_only_a_folder_it_holds(tmp_path):
+def test_clean_empties_a_folder_it_holds_but_another_live_runs_export_folder(tmp_path, caplog):
     (tmp_path / "ckpt-1.index").write_text("a checkpoint")
-    _write_lease(tmp_path)
-    with pytest.raises(ModelDirError, match="is in use by ncf-online"):
-        writer_lease.hold(str(tmp_path), "ncf-main", clean=True).__enter__()
-    assert (tmp_path / "ckpt-1.index").exists()
-    (tmp_path / LEASE_FILE).unlink()
-    with writer_lease.hold(str(tmp_path), "ncf-main", clean=True):
-        assert os.listdir(tmp_path) == [LEASE_FILE]
+    # Export folders in it: another live run's, a dead run's and this run's own.
+    for name in ("theirs", "dead", "ours"):
+        (tmp_path / name / "1").mkdir(parents=True)
+    _write_lease(tmp_path, "theirs.writer_lease.json")
+    _write_lease(tmp_path, "dead.writer_lease.json", boot_id="an-earlier-boot")
+    with (
+        writer_lease.hold(str(tmp_path), "ncf-main") as lease,
+        writer_lease.hold_export(str(tmp_path / "ours"), "ncf-main"),
+    ):
+        lease.clear_folder()
+        assert sorted(os.listdir(tmp_path)) == [
+            "ours.writer_lease.json",
+            "theirs",
+            "theirs.writer_lease.json",
+            LEASE_FILE,
+        ]
+    assert os.listdir(tmp_path / "theirs") == ["1"]
+    [warning] = [r.getMessage() for r in caplog.records if "--clean" in r.getMessage()]
+    assert re.fullmatch(
+        rf"--clean leaves {tmp_path / 'theirs'} alone: ncf-online \(pid 1 on host {HOST}, "
+        rf"{SINCE}\) writes it",
+        warning,
+    )
 
 
 def test_the_lease_is_renewed_while_held(tmp_path):
@@ -136,12 +155,43 @@ def test_a_holder_whose_lease_was_taken_over_stops_before_its_next_checkpoint(tm
         rf"--model_dir {tmp_path} was taken over by ncf-online \(pid 1 on host elsewhere, "
         rf"{SINCE}\) while this run held it \(this one went without renewing its lease for "
         r"longer than 60 s: paused or cut off\); it stops without writing there: that "
-        r"folder's checkpoints are the other run's now",
+        r"folder is the other run's now",
         str(stopped.value),
     )
     assert tf.train.get_checkpoint_state(str(tmp_path)).all_model_checkpoint_paths == [first]
     # Theirs stays: the holder that lost it does not remove it on the way out.
     assert json.loads((tmp_path / LEASE_FILE).read_text()) == theirs
+
+
+@pytest.mark.parametrize("versions", [True, False], ids=["ncf-online", "ncf-main"])
+def test_an_exporter_whose_lease_was_taken_over_stops_before_its_next_export(tmp_path, versions):
+    module = tf.Module()
+    module.v = tf.Variable(1.0)
+    signatures = {"serving_default": tf.function(lambda: {"v": module.v}, input_signature=[])}
+    export = tmp_path / "export"
+    exporter = versioned_export.Exporter(str(export), module, signatures)
+
+    def write(step: int) -> None:
+        if versions:
+            exporter.export(step, {})
+        else:
+            export_files.write_saved_model(str(export), module, signatures)
+
+    with writer_lease.hold_export(str(export), "ncf-online"):
+        write(1)
+        exported = sorted(os.listdir(export))
+        theirs = _write_lease(tmp_path, "export.writer_lease.json", host="elsewhere")
+        with pytest.raises(ModelDirError) as stopped:
+            write(2)
+    assert re.fullmatch(
+        rf"--export_dir {export} was taken over by ncf-online \(pid 1 on host elsewhere, "
+        rf"{SINCE}\) while this run held it \(this one went without renewing its lease for "
+        r"longer than 60 s: paused or cut off\); it stops without writing there: that "
+        r"folder is the other run's now",
+        str(stopped.value),
+    )
+    assert sorted(os.listdir(export)) == exported
+    assert json.loads((tmp_path / "export.writer_lease.json").read_text()) == theirs
 
 
 def test_one_process_holds_a_folder_once(tmp_path):
@@ -193,13 +243,13 @@ def test_of_processes_starting_together_one_wins(tmp_path):
     assert [out for _, out in results if out] == ["won\n"]
 
 
-def _online(tmp_path, name: str, *flags: str) -> subprocess.Popen:
+def _online(tmp_path, name: str, *flags: str, model: str = "model") -> subprocess.Popen:
     events = tmp_path / "events"
     events.mkdir(exist_ok=True)
     (events / "a.csv").write_text("".join(f"{u},{u % 7},{u}\n" for u in range(300)))
     return subprocess.Popen(
         [sys.executable, "-m", "recommendation.online_main", f"--events_dir={events}"]
-        + [f"--model_dir={tmp_path / 'model'}", "--num_factors=4", "--layers=8,4"]
+        + [f"--model_dir={tmp_path / model}", "--num_factors=4", "--layers=8,4"]
         + ["--user_capacity=512", "--item_capacity=64", "--batch_size=64", *flags],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -271,3 +321,90 @@ def test_ncf_main_on_a_model_dir_in_use_is_refused_and_leaves_it_alone(tmp_path)
         the_error_line(result),
     )
     assert sorted(os.listdir(model)) == ["ckpt-1.index", LEASE_FILE]  # --clean did nothing
+
+
+def _in_use(flag: str, folder, program: str, pid: int) -> str:
+    """The `error:` line of a run refused `folder`, which `program` (`pid`) writes."""
+    return (
+        rf"error: {flag} {folder} is in use by {program} \(pid {pid} on host {HOST}, "
+        rf"{SINCE}\), lease renewed \d+ s ago: stop that process first or give this run "
+        rf"another {flag} \(it is released as soon as that process ends\)"
+    )
+
+
+@pytest.mark.integration
+def test_a_second_online_trainer_on_an_export_folder_in_use_is_refused(tmp_path):
+    # The README's layout: the export folder inside the first trainer's model_dir, which
+    # --clean empties (its own exports too) without losing the export folder's lease.
+    export = tmp_path / "first" / "export"
+    first = _online(
+        tmp_path,
+        "first",
+        f"--export_dir={export}",
+        "--export_every_steps=1",
+        "--max_seconds=600",
+        "--clean",
+        model="first",
+    )
+    deadline = time.monotonic() + 120
+    while not versioned_export.versions(str(export)):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no version exported"
+        time.sleep(0.05)
+    second = _online(
+        tmp_path, "second", f"--export_dir={export}", "--idle_timeout_secs=1", model="second"
+    )
+    assert re.fullmatch(
+        _in_use("--export_dir", export, "ncf-online", first.pid), _error_line(second)
+    )
+    assert os.listdir(tmp_path / "second") == []  # nothing trained, nothing held
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err[-3000:]
+    assert versioned_export.versions(str(export)) and out.splitlines()[-1].startswith("online: ")
+    assert not (tmp_path / "first" / "export.writer_lease.json").exists()  # released
+
+
+@pytest.mark.integration
+def test_ncf_main_and_the_export_command_on_an_export_folder_in_use_are_refused(tmp_path):
+    export = tmp_path / "export"
+    paths = [f"--data_dir={tmp_path / 'data'}", f"--export_dir={export}"]
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "recommendation.ncf_main", *TINY_NCF_MAIN_FLAGS, *paths]
+            + [f"--model_dir={tmp_path / 'first'}", "--train_epochs=10000"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "export.writer_lease.json").exists():
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the export folder's lease was never taken"
+            time.sleep(0.05)
+        # Paused, it holds both folders (its pid runs) and leaves the CPU to the others.
+        first.send_signal(signal.SIGSTOP)
+        second = run_module(
+            "recommendation.ncf_main",
+            *TINY_NCF_MAIN_FLAGS,
+            *paths,
+            f"--model_dir={tmp_path / 'second'}",
+        )
+        refused = _in_use("--export_dir", export, "ncf-main", first.pid)
+        assert re.fullmatch(refused, the_error_line(second))
+        assert os.listdir(tmp_path / "second") == []  # refused before training
+        exported = run_module(
+            "recommendation.export",
+            *TINY_NCF_MAIN_FLAGS,
+            *paths,
+            f"--model_dir={tmp_path / 'first'}",
+        )
+        assert re.fullmatch(refused, the_error_line(exported))
+        assert os.listdir(export) == []  # prepared by the first run, which exports at its end
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGCONT)
+        first.wait(timeout=120)
+    assert first.returncode == 128 + signal.SIGINT, (tmp_path / "first.log").read_text()[-3000:]
+    assert not (tmp_path / "export.writer_lease.json").exists()

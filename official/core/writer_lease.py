@@ -1,28 +1,34 @@
-"""One writer per model_dir: a lease that refuses a second trainer on the same folder.
+"""One writer per folder: a lease that refuses a second writer of a model_dir or an
+export folder.
 
 Two trainers on one model_dir (a deployment restarted while the old one still runs, a
 pasted command) take turns replacing each other's checkpoint list, and an online
 trainer acknowledges to its source the events of checkpoints the other one then
-overwrites: acknowledged, and in no model. So the process that writes a model_dir
-holds its lease, a file in it (`LEASE_FILE`) naming the holder (program, host, pid,
-since when), renewed every `renew_seconds`:
+overwrites: acknowledged, and in no model. Two on one export folder interleave their
+versions, and a server that follows the highest one flips between two models. So the
+process that writes such a folder holds its lease, a file naming the holder (program,
+host, pid, since when), renewed every `renew_seconds` (a model_dir's is `LEASE_FILE`
+in it, `hold`; an export folder's lies beside it, ``<export_dir>.writer_lease.json``,
+`hold_export`, since its writers replace the folder whole); messages name the folder
+by its flag:
 
 - a second process finds the lease held and stops with one line naming the holder;
 - a holder that died leaves the file behind, stale, which the next process takes
   over with a warning: at once when the holder ran on this host (its pid runs no
   more, or runs another process, or the machine restarted since), otherwise once it
   has gone `expire_seconds` without a renewal (a lost machine);
-- the holder reads the lease again before every checkpoint (`check_held`, called by
-  `model_dir.save_checkpoint`): if another process took it over meanwhile (this one
-  was paused or cut off for longer than `expire_seconds`), it stops without writing.
+- the holder reads the lease again before every checkpoint or export (`check_held`,
+  called by the runner, the checkpoint callback and the exporters): if another process
+  took it over meanwhile (this one was paused or cut off for longer than
+  `expire_seconds`), it stops without writing.
 
 On a local disk the check and the write happen under an exclusive ``flock`` of the
-folder, so two processes starting together cannot both win. On ``gs://`` there are no
-locks and no conditional writes through `tf.io.gfile`: the new holder writes the
-lease, waits `settle_seconds` and reads it back, and goes on only if it finds its own
-there. Only a process stalled for longer than that between reading the lease and
-writing its own can pass beside another; the one whose lease was overwritten then
-learns it at its first checkpoint and stops without writing.
+folder holding the lease file, so two processes starting together cannot both win. On
+``gs://`` there are no locks and no conditional writes through `tf.io.gfile`: the new
+holder writes the lease, waits `settle_seconds` and reads it back, and goes on only if
+it finds its own there. Only a process stalled for longer than that between reading the
+lease and writing its own can pass beside another; the one whose lease was overwritten
+then learns it at its first checkpoint or export and stops without writing.
 Staleness across hosts compares the holder's clock with the reader's: hosts must agree
 on the time to within seconds (NTP).
 """
@@ -43,14 +49,16 @@ import tensorflow as tf
 from absl import logging
 
 from official.core.model_dir import ModelDirError
-from official.utils.misc import atomic
+from official.utils.misc import atomic, errors
 
 LEASE_FILE = "writer_lease.json"
+# An export folder's lease lies beside it, under its name with this suffix.
+_BESIDE = f".{LEASE_FILE}"
 RENEW_SECONDS = 10.0
 EXPIRE_SECONDS = 60.0
 SETTLE_SECONDS = 2.0
 
-# The leases this process holds, by folder (`check_held` looks a folder up here).
+# The leases this process holds, by lease file (`check_held` looks their folders up).
 _held: dict[str, WriterLease] = {}
 _held_lock = threading.Lock()
 
@@ -94,12 +102,28 @@ def _folder_key(path: str) -> str:
     return os.path.normpath(path) if atomic.is_local(path) else path.rstrip("/")
 
 
+def _read_lease(path: str) -> dict | None:
+    """The lease in file `path` (None: none, or a file that is no lease)."""
+    try:
+        with tf.io.gfile.GFile(path, "r") as stream:
+            found = json.load(stream)
+    except tf.errors.NotFoundError:
+        return None
+    except ValueError:
+        logging.warning("%s is not a lease (no JSON); it is replaced", path)
+        return None
+    return found if isinstance(found, dict) and "token" in found else None
+
+
 class WriterLease:
     """The lease on `folder` for this process (`hold` acquires and releases it).
 
     Args:
-        folder: The model_dir (created already).
+        folder: The folder written (a model_dir created already).
         program: What holds it, for the message a second process shows.
+        flag: The flag that names the folder, in the messages.
+        beside: The lease file lies beside the folder (``<folder>.writer_lease.json``),
+            not in it: for a folder its writers replace whole.
         renew_seconds, expire_seconds, settle_seconds: The module docstring's.
     """
 
@@ -107,12 +131,14 @@ class WriterLease:
         self,
         folder: str,
         program: str,
+        flag: str = "--model_dir",
+        beside: bool = False,
         renew_seconds: float = RENEW_SECONDS,
         expire_seconds: float = EXPIRE_SECONDS,
         settle_seconds: float = SETTLE_SECONDS,
     ) -> None:
-        self.folder, self.program = folder, program
-        self.path = os.path.join(folder, LEASE_FILE)
+        self.folder, self.program, self.flag = folder, program, flag
+        self.path = folder.rstrip("/") + _BESIDE if beside else os.path.join(folder, LEASE_FILE)
         self.renew_seconds, self.expire_seconds = renew_seconds, expire_seconds
         self.settle_seconds = settle_seconds
         self.token = uuid.uuid4().hex
@@ -132,18 +158,6 @@ class WriterLease:
         self._taken_by: dict | None = None  # the lease found in place of ours
 
     # -- what is in the file ---------------------------------------------------
-
-    def _read(self) -> dict | None:
-        """The lease in the folder (None: none, or a file that is no lease)."""
-        try:
-            with tf.io.gfile.GFile(self.path, "r") as stream:
-                found = json.load(stream)
-        except tf.errors.NotFoundError:
-            return None
-        except ValueError:
-            logging.warning("%s is not a lease (no JSON); it is replaced", self.path)
-            return None
-        return found if isinstance(found, dict) and "token" in found else None
 
     def _write(self) -> None:
         atomic.write_file(self.path, json.dumps(self.record, sort_keys=True))
@@ -177,35 +191,44 @@ class WriterLease:
                 f"{self.expire_seconds:.0f} s after its last renewal"
             )
         return ModelDirError(
-            f"--model_dir {self.folder} is in use by {self._describe(lease)}, lease "
+            f"{self.flag} {self.folder} is in use by {self._describe(lease)}, lease "
             f"renewed {silent:.0f} s ago: stop that process first or give this run "
-            f"another --model_dir ({expiry})"
+            f"another {self.flag} ({expiry})"
         )
 
     # -- holding it --------------------------------------------------------------
 
     def acquire(self) -> None:
-        """Takes the lease, or raises `ModelDirError` naming the live holder."""
-        key = _folder_key(self.folder)
+        """Takes the lease, or raises `ModelDirError` naming the live holder (or saying
+        why the lease file cannot be written)."""
+        key = _folder_key(self.path)
         with _held_lock:
             if key in _held:
                 raise self._refusal(_held[key].record)
-        with self._exclusive():
-            found = self._read()
-            if found is not None:
-                reason = self._stale_reason(found)
-                if reason is None:
-                    raise self._refusal(found)
-                logging.warning(
-                    "taking over --model_dir %s from %s: %s",
-                    self.folder,
-                    self._describe(found),
-                    reason,
-                )
-            self._write()
+        where = os.path.dirname(self.path) or "."
+        try:
+            tf.io.gfile.makedirs(where)
+            with self._exclusive():
+                found = _read_lease(self.path)
+                if found is not None:
+                    reason = self._stale_reason(found)
+                    if reason is None:
+                        raise self._refusal(found)
+                    logging.warning(
+                        "taking over %s %s from %s: %s",
+                        self.flag,
+                        self.folder,
+                        self._describe(found),
+                        reason,
+                    )
+                self._write()
+        except (tf.errors.OpError, OSError) as error:
+            raise ModelDirError(
+                errors.write_failure(error, "its writer lease", where, self.flag)
+            ) from None
         if not atomic.is_local(self.path):
             time.sleep(self.settle_seconds)
-            found = self._read()
+            found = _read_lease(self.path)
             if found is None or found["token"] != self.token:
                 raise self._refusal(found or self.record)
         with _held_lock:
@@ -215,11 +238,12 @@ class WriterLease:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Holds an exclusive flock of the (local) folder; nothing on gs://."""
-        if not atomic.is_local(self.folder):
+        """Holds an exclusive flock of the (local) folder of the lease file; nothing on
+        gs://."""
+        if not atomic.is_local(self.path):
             yield
             return
-        descriptor = os.open(self.folder, os.O_RDONLY)
+        descriptor = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield
@@ -231,7 +255,7 @@ class WriterLease:
         while not self._stop.wait(self.renew_seconds):
             try:
                 with self._exclusive():
-                    found = self._read()
+                    found = _read_lease(self.path)
                     if found is not None and found["token"] != self.token:
                         self._taken_by = found
                         return
@@ -252,14 +276,14 @@ class WriterLease:
 
     def check(self) -> None:
         """Raises `ModelDirError` if another process has taken the lease over."""
-        found = self._taken_by or self._read()
+        found = self._taken_by or _read_lease(self.path)
         if found is not None and found["token"] != self.token:
             self._taken_by = found
             raise ModelDirError(
-                f"--model_dir {self.folder} was taken over by {self._describe(found)} while "
+                f"{self.flag} {self.folder} was taken over by {self._describe(found)} while "
                 "this run held it (this one went without renewing its lease for longer "
                 f"than {self.expire_seconds:.0f} s: paused or cut off); it stops without "
-                "writing there: that folder's checkpoints are the other run's now"
+                "writing there: that folder is the other run's now"
             )
 
     def release(self) -> None:
@@ -268,20 +292,38 @@ class WriterLease:
         if self._renewer is not None:
             self._renewer.join()
         with _held_lock:
-            _held.pop(_folder_key(self.folder), None)
+            _held.pop(_folder_key(self.path), None)
         try:
             with self._exclusive():
-                found = self._read()
+                found = _read_lease(self.path)
                 if found is not None and found["token"] == self.token:
                     tf.io.gfile.remove(self.path)
         except (tf.errors.OpError, OSError) as error:
             logging.warning("could not remove the lease %s: %s", self.path, error)
 
     def clear_folder(self) -> None:
-        """Deletes everything in the folder but the lease (``--clean``)."""
-        for name in tf.io.gfile.listdir(self.folder):
-            name = name.rstrip("/")
-            if name != LEASE_FILE:
+        """Deletes everything in the folder but its lease (``--clean``: only ever a
+        folder it holds) and the live leases of export folders in it, with the folder
+        of each that another process holds."""
+        names = [name.rstrip("/") for name in tf.io.gfile.listdir(self.folder)]
+        with _held_lock:
+            ours = {lease.token for lease in _held.values()}
+        kept = {LEASE_FILE}
+        for name in [name for name in names if name.endswith(_BESIDE)]:
+            holder = _read_lease(os.path.join(self.folder, name))
+            if holder is None or self._stale_reason(holder) is not None:
+                continue
+            kept.add(name)
+            if holder["token"] not in ours:
+                export = name[: -len(_BESIDE)]
+                kept.add(export)
+                logging.warning(
+                    "--clean leaves %s alone: %s writes it",
+                    os.path.join(self.folder, export),
+                    self._describe(holder),
+                )
+        for name in names:
+            if name not in kept:
                 path = os.path.join(self.folder, name)
                 if tf.io.gfile.isdir(path):
                     tf.io.gfile.rmtree(path)
@@ -290,9 +332,8 @@ class WriterLease:
 
 
 @contextlib.contextmanager
-def hold(folder: str, program: str, clean: bool = False, **options) -> Iterator[WriterLease]:
-    """Holds the lease on `folder` while the block runs (`WriterLease` options); with
-    `clean`, empties the folder first (``--clean``: only ever a folder it holds).
+def hold(folder: str, program: str, **options) -> Iterator[WriterLease]:
+    """Holds the lease on `folder` while the block runs (`WriterLease` options).
 
     Raises:
         ModelDirError: Another live process holds it (the message names it).
@@ -300,23 +341,36 @@ def hold(folder: str, program: str, clean: bool = False, **options) -> Iterator[
     lease = WriterLease(folder, program, **options)
     lease.acquire()
     try:
-        if clean:
-            lease.clear_folder()
         yield lease
     finally:
         lease.release()
 
 
+def hold_export(export_dir: str | None, program: str) -> contextlib.AbstractContextManager:
+    """`hold` for an export folder (``--export_dir``; None: nothing to hold), with its
+    lease beside it: ncf-main and the export command replace the folder whole, which
+    would take a lease in it along.
+
+    Raises:
+        ModelDirError: Another live process holds it (the message names it).
+    """
+    if not export_dir:
+        return contextlib.nullcontext()
+    return hold(export_dir, program, flag="--export_dir", beside=True)
+
+
 def check_held(path: str) -> None:
     """Before writing `path`: raises `ModelDirError` if this process held the lease
-    of a folder holding `path` and another process has taken it over (nothing to
-    check where this process holds no lease: a library user, a non-chief worker)."""
+    of a folder that is or holds `path` and another process has taken it over
+    (nothing to check where this process holds no lease: a library user, a non-chief
+    worker)."""
     key = _folder_key(path)
     with _held_lock:
-        leases = [
-            lease
-            for folder, lease in _held.items()
-            if key == folder or key.startswith(folder.rstrip("/") + "/")
-        ]
+        folders = [(_folder_key(lease.folder), lease) for lease in _held.values()]
+    leases = [
+        lease
+        for folder, lease in folders
+        if key == folder or key.startswith(folder.rstrip("/") + "/")
+    ]
     for lease in leases:
         lease.check()

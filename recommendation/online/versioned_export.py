@@ -20,7 +20,9 @@ one more than the newest version in the folder when that is higher. A trainer th
 crashed before its checkpoint and resumed from an older step (or from none) thus
 exports above the versions of the run that crashed, and a server loading the highest
 version loads the newest model; pruning by version keeps the newest ones. One
-exporter writes to a folder at a time.
+exporter writes to a folder at a time: ncf-online holds its lease
+(`writer_lease.hold_export`), and an exporter whose lease was taken over writes nothing
+more there.
 
 (ncf-main's one-off SavedModel and ONNX export of a trained model is
 `recommendation/export.py`; this module knows no model: `online_ncf.serving` says what
@@ -35,6 +37,7 @@ import time
 
 import tensorflow as tf
 
+from official.core import writer_lease
 from official.utils.misc import atomic
 
 INFO_FILE = "export_info.json"
@@ -107,7 +110,13 @@ class Exporter:
     def export(self, step: int, info: dict) -> str:
         """Writes the model at `step` as the next version (`step`, or one more than the
         newest version there if that is higher), with `info` in ``export_info.json``;
-        returns its folder."""
+        returns its folder.
+
+        Raises:
+            ModelDirError: Another process took over the folder's lease
+                (`writer_lease.check_held`): this one writes no more versions there.
+        """
+        writer_lease.check_held(self.export_base)
         tf.io.gfile.makedirs(self.export_base)
         # Above every version folder, complete or not: a server loading the highest
         # one must find the newest model, never an older one's leftover.

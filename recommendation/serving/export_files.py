@@ -14,6 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from official.core import writer_lease
 from official.utils.misc import atomic, errors
 
 ONNX_FILE = "model.onnx"
@@ -58,6 +59,7 @@ def write_saved_model(
     Raises:
         ValueError: `export_dir` exists and is neither empty nor a SavedModel.
         ExportError: it could not be written (a read-only folder, a full disk).
+        ModelDirError: Another process took over its lease (`writer_lease.check_held`).
     """
     export_dir = export_dir.rstrip("/")
     # Beside a folder the user named, a leftover should be seen: temporaries are
@@ -66,6 +68,7 @@ def write_saved_model(
     # reader looks for first) is written last and removed first when replaced.
     if tf.io.gfile.exists(export_dir) and not tf.io.gfile.isdir(export_dir):
         raise ValueError(f"export_dir {export_dir} is a file; choose a new or empty folder")
+    writer_lease.check_held(export_dir)  # not taken over while this run trained
     try:
         with atomic.replace_folder(
             export_dir, hidden=False, markers=(tf.saved_model.SAVED_MODEL_FILENAME_PB,)

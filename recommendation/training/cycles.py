@@ -73,7 +73,7 @@ def run(config: NcfConfig) -> RunResult:
     Raises:
         signals.Interrupted: A stop signal arrived (with what was kept, for a resume).
         ModelDirError: model_dir or export_dir cannot be written, or another live
-            process writes model_dir (its lease names it).
+            process writes it (its lease names it).
     """
     start = time.perf_counter()
     check_eval_split(config)
@@ -102,13 +102,19 @@ def run(config: NcfConfig) -> RunResult:
         raise ValueError(f"--batch_size {config.batch_size} must divide by {replicas} replicas")
     model_dir.prepare(config.model_dir)
     chief = distribution_utils.is_chief(strategy)
-    # The chief writes model_dir for the cluster. Held before --clean empties the
-    # folder (never another live run's) and before the compliance log opens there.
+    # The chief writes model_dir and the export for the cluster. Both checked and held
+    # before any data is prepared, before --clean empties model_dir (never another live
+    # run's) and before the compliance log opens there.
     if not chief:
         return _run_holding_model_dir(config, strategy, chief, start)
-    if config.export_dir:  # its export, checked before any data is prepared
+    if config.export_dir:
         model_dir.prepare(config.export_dir, "--export_dir", "exports")
-    with writer_lease.hold(config.model_dir, "ncf-main", clean=config.clean):
+    with (
+        writer_lease.hold(config.model_dir, "ncf-main") as lease,
+        writer_lease.hold_export(config.export_dir, "ncf-main"),
+    ):
+        if config.clean:
+            lease.clear_folder()
         return _run_holding_model_dir(config, strategy, chief, start)
 
 
