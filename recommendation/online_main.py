@@ -233,6 +233,7 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
     summary.update(
         dead_letters=source.dead_letters,
         lost_events=getattr(source, "lost_events", 0),
+        lost_events_exact=getattr(source, "lost_events_exact", True),
         rewritten_files=getattr(source, "rewritten_files", None),
         reconnects=getattr(source, "reconnects", 0),
         prequential_hr=float(np.mean(hr_values)) if hr_values else None,

@@ -24,7 +24,7 @@ from conftest import damage_checkpoint
 
 from official.utils.flags import core
 from recommendation import online_main
-from recommendation.online import callbacks, online_ncf, versioned_export
+from recommendation.online import callbacks, online_ncf, run_summary, versioned_export
 from recommendation.online_main import OnlineConfig
 from recommendation.training import ncf_flags
 
@@ -684,3 +684,65 @@ def test_an_event_folder_trainer_falls_back_past_a_damaged_delta_and_trains_its_
     again = _line_ids(path, "a.csv", start=position["offsets"]["a.csv"])
     assert _lines(audit) == again and len(again) == BATCH * (24 - step)
     assert "is damaged" in open(tmp_path / "second.err").read()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("server_fixture, trimmed", [("redis6_server", 0), ("valkey_server", 40)])
+def test_a_redis_trainer_falls_back_past_a_damaged_delta_and_trains_the_acknowledged_again(
+    request, tmp_path, server_fixture, trimmed
+):
+    """The newest checkpoint damaged, the restore falls back to the one before: the
+    entries after it, acknowledged to the damaged one, are trained again; those the
+    stream no longer holds (`trimmed` of them) are counted as lost (Valkey's counters)."""
+    server = request.getfixturevalue(server_fixture)
+    client = server.client()
+    _Publisher(server, _events(BATCH * 24, seed=13), rate=1e6).run()
+    model_dir, summary_file = tmp_path / "model", tmp_path / "summary.json"
+    flags = [f"--redis_url={server.url}", f"--model_dir={model_dir}", *FALLBACK_FLAGS]
+    first, out = _start(tmp_path, "first", *flags)
+    _finish(first, out, tmp_path, "first")
+    assert client.xpending("events", "trainer")["pending"] == 0  # all acknowledged
+    fallback = _damage_the_newest_delta(model_dir)
+    restored, step, _, position = _checkpoint_state(model_dir)
+    assert restored == fallback and step < 24
+    after = [i for i in _stream_ids(client) if _entry_key(i) > _entry_key(position["id"])]
+    assert len(after) == BATCH * (24 - step)
+    if trimmed:
+        client.xtrim("events", minid=after[trimmed], approximate=False)
+    audit = tmp_path / "second.txt"
+    second, out = _start(
+        tmp_path,
+        "second",
+        *flags,
+        f"--trained_events_log={audit}",
+        f"--summary_file={summary_file}",
+    )
+    text = _finish(second, out, tmp_path, "second")
+    assert f"restored {fallback}: step={step} " in text
+    assert _lines(audit) == after[trimmed:]  # every one still in the stream, once, in order
+    assert client.xpending("events", "trainer")["pending"] == 0
+    assert f", lost events {trimmed}, reconnects 0, " in text
+    summary = json.load(open(summary_file))
+    assert (summary["lost_events"], summary["lost_events_exact"]) == (trimmed, True)
+
+
+def test_the_final_line_says_lost_events_are_unknown_where_some_may_be_uncounted():
+    summary = {
+        "events": 1000,
+        "seconds": 2.0,
+        "steps": 16,
+        "prequential_hr": None,
+        "dead_letters": 0,
+        "lost_events": 3,
+        "lost_events_exact": True,
+        "rewritten_files": None,
+        "reconnects": 0,
+        "tables": {},
+        "failed_exports": 0,
+        "failed_tensorboard_writes": 0,
+        "stopped_by": "callback",
+    }
+    counted = run_summary.summary_line(summary, 10)
+    assert ", dead letters 0, lost events 3, reconnects 0, stopped by callback" in counted
+    uncounted = run_summary.summary_line({**summary, "lost_events_exact": False}, 10)
+    assert ", lost events unknown (3 counted: see the warnings), reconnects 0, " in uncounted

@@ -961,3 +961,135 @@ def test_redis_a_trainer_keeping_up_with_a_capped_stream_loses_nothing(each_redi
     assert source.lost_events == 0
     expected = [] if _counts_entries(client) else [_cannot_count(last_read)]
     assert _trim_warnings(caplog) == expected
+
+
+# ---------------------------------------------------------------------------
+# Redis: a restore before entries the group delivered since (a damaged newest checkpoint
+# makes the trainer fall back to an older one, whose later entries were acknowledged)
+
+
+def _acknowledged_past_the_restored_position(server) -> tuple[list[bytes], dict]:
+    """12 events: 0-3 and 4-7 trained, each checkpointed and acknowledged, 8-9 trained
+    and pending when the trainer died; returns the entry ids and the position of the
+    first checkpoint, the one a restore falls back to when the second is damaged."""
+    client = server.client()
+    ids = _publish(client, "events", [(u, u, u) for u in range(12)])
+    crashed = redis_source.RedisSource(server.client(), "events")
+    restored = crashed.read(4, 0.1)
+    crashed.commit(restored.position)
+    crashed.commit(crashed.read(4, 0.1).position)
+    assert len(crashed.read(2, 0.1)) == 2 and _pending(client) == 2
+    return ids, restored.position
+
+
+def _uncounted(restored: str, end: bytes, because: str) -> str:
+    return (
+        f"stream 'events' was trimmed past {restored}, the position restored, before the "
+        f"trainer read again the entries after it (up to {end.decode()}): any of them "
+        f"trimmed are in no model and cannot be counted ({because}), so lost events is a "
+        f"lower bound from now on; {ADVICE}"
+    )
+
+
+NO_COUNTERS = "this Redis keeps no stream counters (Redis >= 7 does)"
+
+
+def test_redis_a_restore_before_acknowledged_entries_reads_them_again(each_redis_server, caplog):
+    """The entries after the restored position are read again, acknowledged or pending,
+    once each and in order, before new ones; a commit acknowledges them as usual."""
+    ids, restored = _acknowledged_past_the_restored_position(each_redis_server)
+    client = each_redis_server.client()
+    source = redis_source.RedisSource(each_redis_server.client(), "events")
+    source.restore(restored)
+    chunks = []
+    while (chunk := source.read(3, 0.1)) is not None:
+        chunks.append(chunk)
+    assert [chunk.users.tolist() for chunk in chunks] == [[4, 5, 6], [7, 8, 9], [10, 11]]
+    assert [entry_id for chunk in chunks for entry_id in chunk.ids] == [
+        entry_id.decode() for entry_id in ids[4:]
+    ]
+    assert _pending(client) == 4  # 8-11, until a commit
+    source.commit(chunks[1].position)
+    assert _pending(client) == 2
+    source.commit(chunks[2].position)
+    source.close()
+    assert _pending(client) == 0
+    assert (source.lost_events, source.lost_events_exact) == (0, True)
+    assert chunks[2].position["lost_events_exact"] is True and not _trim_warnings(caplog)
+
+
+def test_redis_entries_gone_from_those_read_again_are_counted_where_the_counters_tell(
+    each_redis_server, caplog
+):
+    ids, restored = _acknowledged_past_the_restored_position(each_redis_server)
+    client = each_redis_server.client()
+    client.xtrim("events", minid=ids[9], approximate=False)  # 4-7 acknowledged, 8 pending
+    caplog.clear()
+    source = redis_source.RedisSource(each_redis_server.client(), "events")
+    source.restore(restored)
+    events, position = _read_all(source, chunk=3)
+    source.commit(position)
+    source.close()
+    assert [user for user, _ in events] == [9, 10, 11]
+    assert _pending(client) == 0  # the pending entry trimmed too
+    pending_lost = (
+        "1 entries of stream 'events' were delivered to the trainer and trimmed before "
+        f"training: they are not trained (1 lost events in all); {ADVICE}"
+    )
+    if _counts_entries(client):
+        assert _trim_warnings(caplog) == [
+            pending_lost,
+            "4 entries of stream 'events' were trimmed or deleted before the restored "
+            f"trainer read them again: they are not trained (5 lost events in all); {ADVICE}",
+        ]
+        assert source.lost_events == 5 == position["lost_events"]
+        assert source.lost_events_exact and position["lost_events_exact"]
+    else:
+        warning = _uncounted(restored["id"], ids[9], NO_COUNTERS)
+        assert _trim_warnings(caplog) == [pending_lost, warning]
+        assert source.lost_events == 1 == position["lost_events"]
+        assert not source.lost_events_exact and not position["lost_events_exact"]
+    restarted = redis_source.RedisSource(each_redis_server.client(), "events")
+    restarted.restore(position)  # both travel in the position
+    assert (restarted.lost_events, restarted.lost_events_exact) == (
+        source.lost_events,
+        source.lost_events_exact,
+    )
+
+
+def test_redis_a_connection_lost_while_reading_again_goes_on_where_it_was(redis_server):
+    ids, restored = _acknowledged_past_the_restored_position(redis_server)
+    source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.2)
+    source.restore(restored)
+    assert source.read(2, 0.1).users.tolist() == [4, 5]
+    redis_server.kill()
+    assert source.read(2, 0.1) is None and source.reconnects == 1
+    redis_server.start()
+    events, position = _read_all(source, chunk=2)
+    assert [user for user, _ in events] == [6, 7, 8, 9, 10, 11]  # nothing lost, nothing twice
+    source.commit(position)
+    assert _pending(redis_server.client()) == 0
+
+
+def test_redis_a_position_of_an_earlier_format_reads_again_but_cannot_count(valkey_server, caplog):
+    ids, restored = _acknowledged_past_the_restored_position(valkey_server)
+    client = valkey_server.client()
+    client.xtrim("events", minid=ids[6], approximate=False)  # 4 and 5 were acknowledged
+    caplog.clear()
+    source = redis_source.RedisSource(valkey_server.client(), "events")
+    source.restore(restored["id"])  # a bare entry id: no count of the entries read
+    events, position = _read_all(source, chunk=10)
+    assert [user for user, _ in events] == list(range(6, 12))
+    because = "the position restored holds no count of the entries read"
+    assert _trim_warnings(caplog) == [_uncounted(restored["id"], ids[9], because)]
+    assert (source.lost_events, position["lost_events_exact"]) == (0, False)
+
+
+def test_redis_a_group_that_does_not_exist_starts_at_the_restored_position(redis_server):
+    """The group deleted, or the stream moved to a server without it: nothing after the
+    restored position was delivered to it, and what is before it was trained."""
+    client = redis_server.client()
+    ids = _publish(client, "events", [(u, u, u) for u in range(6)])
+    source = redis_source.RedisSource(redis_server.client(), "events")
+    source.restore({"id": ids[2].decode(), "dead_letters": 0, "lost_events": 0})
+    assert [user for user, _ in _read_all(source)[0]] == [3, 4, 5]

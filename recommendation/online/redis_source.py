@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import time
 
 import numpy as np
@@ -64,6 +65,22 @@ def _stream_id(value: str | bytes) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
+def _next_id(value: str) -> str:
+    """The smallest stream id after `value` (an exclusive start on any Redis >= 5)."""
+    milliseconds, sequence = _stream_id(value)
+    if sequence == 2**64 - 1:
+        return f"{milliseconds + 1}-0"
+    return f"{milliseconds}-{sequence + 1}"
+
+
+def _may_have_trimmed(cursor: str, first: bytes | None, pending_ids: list) -> bool:
+    """Whether acknowledged entries after stream id `cursor` may have been trimmed:
+    both the stream's `first` entry (None: it is empty) and this consumer's first
+    pending entry after `cursor` (acknowledged ones come before it) leave room for one."""
+    bounds = [_stream_id(entry_id) for entry_id in (first, *pending_ids[:1]) if entry_id]
+    return not bounds or min(bounds) > _stream_id(_next_id(cursor))
+
+
 def _redis_event(flat: list) -> tuple[int, int, int]:
     """(user, item, timestamp) of a stream entry's flat ``[field, value, ...]`` list
     (the general path: `_plain_redis_events` converts the common entries)."""
@@ -102,12 +119,30 @@ def _group_entries_read(group: dict, stream: dict, accounted: int | None) -> int
     return max(known, default=None)
 
 
+@dataclasses.dataclass
+class _Replay:
+    """The entries after a restored position up to the group's last-delivered id
+    (`end`), read again before new ones (`RedisSource`)."""
+
+    end: str
+    # Entries ever added to the stream up to `end` (None: unknown, for the reason given).
+    entries_read: int | None
+    uncounted_because: str | None
+    # Whether entries acknowledged before may have been trimmed (`_may_have_trimmed`):
+    # a loss that unknown counters cannot tell.
+    trimmed_into: bool = False
+    # Whether a pending entry was read again: all entries delivered after it are
+    # pending too (a commit acknowledges the entries up to its position).
+    past_pending: bool = False
+
+
 class RedisSource:
     """Events from a Redis stream through a consumer group, acknowledged on commit.
 
     Entries hold ``user``, ``item`` and ``timestamp`` fields, or one ``json`` field
     with an object of them. The position is ``{"id": last entry id read,
-    "dead_letters": count, "lost_events": count, "entries_read": count or None}``.
+    "dead_letters": count, "lost_events": count, "lost_events_exact": bool,
+    "entries_read": count or None}``.
     Malformed entries are copied to the `dead_letter_stream` under their own entry id
     (with an ``id`` field, the error and the payload), which makes that copy
     idempotent: Redis refuses a second entry with the same id. They are acknowledged
@@ -136,6 +171,24 @@ class RedisSource:
       were read are counted with the trimmed ones, where the counters tell.
     - Trimmed after delivery, before training (after a crash, the pending entries
       re-read come back without fields): counted, and acknowledged with the rest.
+    - Trimmed after delivery and before a restore reads them again (below).
+
+    Where a loss may have happened that cannot be counted, `lost_events_exact` turns
+    False (for good: it travels in the position) and `lost_events` is a lower bound.
+
+    A restored position before the group's last-delivered id means that the entries
+    between were delivered after the checkpoint restored: pending (the trainer
+    stopped before its next checkpoint) or acknowledged to a newer checkpoint that
+    could not be restored (damaged). They are read again with XRANGE, in chunks of at
+    most a read's events, in id order with this consumer's pending entries among them
+    (each once), before any new entry; they are acknowledged by the commit of a
+    checkpoint that holds them, as usual. Those no longer in the stream are counted
+    in `lost_events` where the counters tell (the group's entries-read at the start,
+    less the position's ``entries_read`` and the entries read again); without counters
+    (Redis < 7, or a position of an earlier format), a warning says that some may have
+    been lost uncounted where the stream was trimmed into the acknowledged ones (those
+    before this consumer's first pending entry). A group that does not exist is
+    created at the restored position (nothing after it was delivered).
 
     Args:
         client: A ``redis.Redis`` client (``redis.Redis.from_url(...)``).
@@ -156,23 +209,29 @@ class RedisSource:
         max_backoff: float = 2.0,
         trim_check_secs: float = 5.0,
     ) -> None:
-        # A client of its own on the same connections, whose XREADGROUP replies stay
-        # raw lists: redis-py's per-entry dicts cost more than training on them.
+        # A client of its own on the same connections, whose XREADGROUP and XRANGE
+        # replies stay raw lists: redis-py's per-entry dicts cost more than training on
+        # them.
         self.client = redis.Redis(connection_pool=client.connection_pool)
-        self.client.set_response_callback("XREADGROUP", lambda reply, **options: reply)
+        for command in ("XREADGROUP", "XRANGE"):
+            self.client.set_response_callback(command, lambda reply, **options: reply)
         self.stream, self.group, self.consumer = stream, group, consumer
         self.dead_letter_stream = dead_letter_stream or f"{stream}:dead"
         self.max_backoff = max_backoff
         self.trim_check_secs = trim_check_secs
         self.dead_letters = 0
         self.lost_events = 0
+        self.lost_events_exact = True
         self.reconnects = 0
         self.exhausted = False  # a stream never ends
         # Entries ever added to the stream up to the last one read, less those trimmed
         # before they were read and not counted yet (None: unknown, as on Redis < 7).
         self._entries_read: int | None = None
         self._next_trim_check = 0.0
-        self._after: tuple[int, int] | None = None
+        self._restored: str | None = None  # the entry id of the position restored
+        self._after: tuple[int, int] | None = None  # the same, parsed
+        self._replay_due = False  # whether to look for entries to read again
+        self._replay: _Replay | None = None
         self._pending_cursor: str | bytes | None = "0"
         self._last_read: str | None = None
         # (newest entry id, entry ids) of each reply delivered and not yet acknowledged.
@@ -187,8 +246,11 @@ class RedisSource:
         counts = position if isinstance(position, dict) else {}
         self.dead_letters = counts.get("dead_letters", 0)
         self.lost_events = counts.get("lost_events", 0)
+        self.lost_events_exact = counts.get("lost_events_exact", True)
         self._entries_read = counts.get("entries_read")
+        self._restored = entry_id or None
         self._after = _stream_id(entry_id) if entry_id else None
+        self._replay_due, self._replay = bool(entry_id), None
         self._pending_cursor = "0"
 
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
@@ -206,13 +268,16 @@ class RedisSource:
         if self._group_ready:
             return
         try:
-            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            start = self._last_read or self._restored or "0"
+            self.client.xgroup_create(self.stream, self.group, id=start, mkstream=True)
         except redis.ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
         self._group_ready = True
 
     def _read_entries(self, max_events: int, timeout: float) -> list:
+        if self._replay_due:
+            self._plan_replay()
         while self._pending_cursor is not None:
             # Delivered to this consumer before a restart and never acknowledged;
             # the cursor walks the pending list once.
@@ -225,6 +290,13 @@ class RedisSource:
                 break
             self._pending_cursor = entries[-1][0]
             entries = self._skip_checkpointed(entries)
+            if entries and self._replay is not None:
+                self._pending_cursor = None  # read again in order, with the entries around
+                break
+            if entries:
+                return entries
+        if self._replay is not None:
+            entries = self._replayed_entries(max_events)
             if entries:
                 return entries
         if time.monotonic() >= self._next_trim_check:
@@ -237,6 +309,98 @@ class RedisSource:
             block=max(1, int(timeout * 1000)),
         )
         return self._entries(reply)
+
+    def _plan_replay(self) -> None:
+        """After a restore: the entries to read again, if the group delivered any after
+        the restored position (class docstring)."""
+        transaction = self.client.pipeline(transaction=True)  # both of one moment
+        transaction.xinfo_groups(self.stream)
+        transaction.xinfo_stream(self.stream)
+        groups, stream = transaction.execute()
+        self._replay_due = False
+        group = next((g for g in groups if _text(g["name"]) == self.group), None)
+        if group is None or _stream_id(group["last-delivered-id"]) <= self._after:
+            return
+        if "entries-added" not in stream:
+            uncounted_because = "this Redis keeps no stream counters (Redis >= 7 does)"
+        elif self._entries_read is None:
+            uncounted_because = "the position restored holds no count of the entries read"
+        elif group.get("entries-read") is None:
+            uncounted_because = (
+                "the group's entries-read is unknown: entries deleted with XDEL, or XGROUP SETID"
+            )
+        else:
+            uncounted_because = None
+        entries_read = None if uncounted_because else _group_entries_read(group, stream, None)
+        self._replay = _Replay(_text(group["last-delivered-id"]), entries_read, uncounted_because)
+        logging.info(
+            "reading again the entries of stream %r after %s, the position restored, up to "
+            "%s, the last one delivered to the trainer's consumer group",
+            self.stream,
+            self._restored,
+            self._replay.end,
+        )
+
+    def _replayed_entries(self, max_events: int) -> list:
+        """The next entries to read again, in id order: those in the stream and this
+        consumer's pending ones no longer in it (without fields); [] once done."""
+        replay, cursor = self._replay, self._last_read or self._restored
+        last = _stream_id(replay.end)
+        if _stream_id(cursor) >= last:
+            self._finish_replay()
+            return []
+        start = _next_id(cursor)
+        transaction = self.client.pipeline(transaction=True)
+        transaction.xrange(self.stream, start, replay.end, count=max_events)
+        transaction.xpending_range(
+            self.stream, self.group, start, replay.end, max_events, consumername=self.consumer
+        )
+        if replay.entries_read is None:
+            transaction.xinfo_stream(self.stream)
+        found, pending, *stream = transaction.execute()
+        # A full reply may stop short of the other's last entry: up to the lower of them.
+        pending_ids = [entry["message_id"] for entry in pending]
+        for ids in ([entry_id for entry_id, _ in found], pending_ids):
+            if len(ids) == max_events:
+                last = min(last, _stream_id(ids[-1]))
+        pending_ids = [entry_id for entry_id in pending_ids if _stream_id(entry_id) <= last]
+        if stream and not replay.past_pending:
+            first = stream[0]["first-entry"]
+            replay.trimmed_into |= _may_have_trimmed(cursor, first and first[0], pending_ids)
+        replay.past_pending |= bool(pending_ids)
+        entries = [entry for entry in found if _stream_id(entry[0]) <= last]
+        present = {entry_id for entry_id, _ in entries}
+        gone = [(entry_id, None) for entry_id in pending_ids if entry_id not in present]
+        if gone:
+            entries = sorted(entries + gone, key=lambda entry: _stream_id(entry[0]))
+        if not entries:
+            self._finish_replay()
+        return entries
+
+    def _finish_replay(self) -> None:
+        """Counts the entries to read again that were no longer in the stream, or says
+        that some may have been and cannot be counted."""
+        replay, self._replay = self._replay, None
+        if replay.entries_read is not None:
+            missing = max(0, replay.entries_read - self._entries_read)
+            self._entries_read += missing
+            if missing:
+                self._report_lost(
+                    missing, "trimmed or deleted before the restored trainer read them again"
+                )
+        elif replay.trimmed_into:
+            self.lost_events_exact = False
+            logging.warning(
+                "stream %r was trimmed past %s, the position restored, before the trainer "
+                "read again the entries after it (up to %s): any of them trimmed are in no "
+                "model and cannot be counted (%s), so lost events is a lower bound from now "
+                "on; %s",
+                self.stream,
+                self._restored,
+                replay.end,
+                replay.uncounted_because,
+                _TRIMMED_ADVICE,
+            )
 
     def _entries(self, reply) -> list:
         """``[(id, [field, value, ...]), ...]`` of a raw XREADGROUP reply (a list of
@@ -301,6 +465,7 @@ class RedisSource:
             "id": self._last_read,
             "dead_letters": self.dead_letters,
             "lost_events": self.lost_events,
+            "lost_events_exact": self.lost_events_exact,
             "entries_read": self._entries_read,
         }
 
@@ -333,6 +498,7 @@ class RedisSource:
         if lost:
             self._report_lost(lost, "trimmed before the trainer read them")
         elif behind and entries_read is None and delivered != (0, 0):
+            self.lost_events_exact = False
             reason = (
                 "this Redis keeps no stream counters (Redis >= 7 does)"
                 if "entries-added" not in stream
@@ -406,7 +572,7 @@ class RedisSource:
     def close(self) -> None:
         """Counts what was trimmed since the last check (so that the run's summary has
         it), then closes the connections."""
-        if self._group_ready and self._pending_cursor is None:
+        if self._group_ready and self._pending_cursor is None and self._replay is None:
             try:
                 self._check_trimmed()
             except redis.RedisError as error:

@@ -60,11 +60,19 @@ def summary_line(summary: dict, top_k: int) -> str:
         f"online: {summary['events']:,} events in {summary['seconds']:.1f} s "
         f"({rate:,.0f} events/s), step {summary['steps']}, prequential HR@{top_k}="
         f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
-        f"lost events {summary['lost_events']}, {_rewritten_files(summary)}"
+        f"{_lost_events(summary)}, {_rewritten_files(summary)}"
         f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
         f"{_shards(summary)}"
         f"stopped by {summary['stopped_by']}"
     )
+
+
+def _lost_events(summary: dict) -> str:
+    """The events the source lost; unknown where some may be lost uncounted (never 0
+    while acknowledged events may be in no model)."""
+    if summary["lost_events_exact"]:
+        return f"lost events {summary['lost_events']}"
+    return f"lost events unknown ({summary['lost_events']} counted: see the warnings)"
 
 
 def _rewritten_files(summary: dict) -> str:

@@ -18,11 +18,13 @@ that buys:
   was delivered but not in a durable checkpoint stays pending and is delivered again
   after a crash: at least once, nothing lost. Pending entries at or before the
   checkpointed id (trained and checkpointed, but not yet acknowledged when the
-  trainer died) are acknowledged without training them twice. Connection failures
-  are retried with back-off. Entries trimmed from the stream (``MAXLEN``,
-  ``XTRIM``) before the trainer read them are counted (`RedisSource.lost_events`,
-  exactly where the server keeps stream counters: Redis >= 7) and reported in a
-  warning.
+  trainer died) are acknowledged without training them twice; the entries after the
+  restored position that the group delivered since (pending, or acknowledged to a
+  newer checkpoint that could not be restored) are read again before new ones.
+  Connection failures are retried with back-off. Entries trimmed from the stream
+  (``MAXLEN``, ``XTRIM``) before the trainer read them are counted
+  (`RedisSource.lost_events`, exactly where the server keeps stream counters: Redis
+  >= 7) and reported in a warning.
 
 Every event goes through one conversion, `parse_event` (in `event_parsing`): user and
 item ids must be integers in [0, 2**63 - 1] (`MAX_ID`; negative int64 values are
