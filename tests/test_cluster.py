@@ -386,7 +386,6 @@ def test_no_step_in_flight_trains_a_row_that_another_id_holds_by_then(tmp_path):
     assert chief.returncode == 0, chief.stderr[-3000:]
     result = json.loads(audit.read_text())
     assert result["steps"] == 160 and result["most_in_flight"] == 4
-    print(json.dumps({k: v for k, v in result.items() if k != "violations"}))
     assert result["violations"] == [], result["violations"][:5]
     # It did evict, free and move rows: 4 new users a step, freed 8 steps after their
     # last sighting; 2 new items a step in a full table of 32.

@@ -89,7 +89,7 @@ class Admission:
         def grow():
             target = tf.maximum(tf.maximum(2 * allocated, rows), _FIRST_ALLOCATION)
             extra = tf.minimum(target, self.capacity) - allocated
-            for variable in [*self.row_variables().values(), *self.in_flight_state()]:
+            for variable in self.row_variables().values():
                 row_shards.resize(variable, allocated + extra + 1)
             self.allocated.assign_add(extra)
             return tf.constant(True)

@@ -20,8 +20,9 @@ Steps run asynchronously, as on any parameter server: up to `max_in_flight` step
 once, each computing its gradient on weights that the others may have moved. The
 index is only ever changed by the coordinator, one step at a time, so every id has one
 row, on one task; and no step's update lands on a row that another id holds by the
-time it is applied (`steps_in_flight`): the rows of the steps in flight are pinned
-against eviction, and rows are moved or reallocated only between drained steps.
+time it is applied: whatever changes which id a row holds, where an id's row is, or
+the row variables (eviction, expiry, growth) waits until no step is in flight
+(`steps_in_flight`).
 
 A worker that dies is the coordinator's to handle: `ClusterCoordinator` runs its steps
 again on the others (a step may thus be applied twice: at least once), and with none
@@ -230,7 +231,8 @@ def reporting_waits(what: str, every_seconds: float = 60.0) -> Iterator[None]:
 class ClusterTraining:
     """Mixed into `RecModel`: `distribute` and `finish_steps`.
 
-    The host provides ``network`` (with ``resolve`` and ``trained_rows``),
+    The host provides ``network`` (with ``resolve``, ``trained_rows`` and
+    ``looked_up_ids``),
     ``optimizer``, ``loss_fn``, ``step``, ``cluster`` (None in one process),
     `_build_optimizer` and `_train_step`.
     """
@@ -251,9 +253,8 @@ class ClusterTraining:
                 "loss, with an optimizer"
             )
         self._build_optimizer()
-        tables = self.row_tables()
-        for table in tables:
-            table.pin_in_flight(max_in_flight)
+        for table in self.row_tables():
+            table.drain_for_changes()
 
         def resolve_step(data):
             resolved = resolve(data, training=True)
@@ -264,17 +265,14 @@ class ClusterTraining:
         def train(resolved, step):
             return self._train_step(resolved, None, step)
 
-        self.cluster = ClusterSteps(coordinator, resolve_step, train, max_in_flight, tables)
+        self.cluster = ClusterSteps(
+            coordinator, resolve_step, train, max_in_flight, self.network.looked_up_ids
+        )
 
     def finish_steps(self) -> dict[str, float]:
         """Waits for the steps in flight on a cluster; their mean logs ({} in one
         process)."""
         return self.cluster.finish() if self.cluster is not None else {}
-
-
-def _num_events(stacked) -> int:
-    """Events in each step of stacked batches (their second dimension)."""
-    return int(tf.nest.flatten(stacked)[0].shape[1])
 
 
 class ClusterSteps:
@@ -288,8 +286,8 @@ class ClusterSteps:
             context of the coordinator's strategy.
         max_in_flight: Most steps scheduled and not finished; more waits for the
             oldest (the stream is read no faster than the workers train).
-        tables: The hash tables whose rows the steps train (`steps_in_flight`: their
-            upkeep runs between drained steps).
+        looked_up: ``data -> [(table, ids)]``: the ids a step looks up in each hash
+            table, whose changes wait for the steps in flight (`steps_in_flight`).
     """
 
     def __init__(
@@ -298,10 +296,10 @@ class ClusterSteps:
         resolve: Callable,
         train: Callable,
         max_in_flight: int,
-        tables: list,
+        looked_up: Callable,
     ) -> None:
         self.coordinator = coordinator
-        self.tables = tables
+        self.looked_up = looked_up
         strategy = coordinator.strategy
         self._resolve = tf.function(resolve, reduce_retracing=True)
         self._train = tf.function(
@@ -315,24 +313,22 @@ class ClusterSteps:
         # steps after the first (whose tracing would swamp them), and those steps.
         self.seconds = {"resolve": 0.0, "schedule": 0.0, "wait": 0.0}
         self.timed_steps = -1
-        self.drains = 0  # of the steps in flight, for the tables' upkeep
+        self.drains = 0  # waits for every step in flight before a step that changes rows
 
     def run(self, group) -> dict[str, float]:
         """Schedules one step per batch of `group` (`stream_batches.BatchGroup`);
         returns the mean logs of the steps that finished meanwhile (those of the last
         to finish before, when none did)."""
         finished = []
-        events = _num_events(group.stacked)
         for index in range(group.num_steps):
-            data = tf.nest.map_structure(
-                lambda t, i=index: tf.convert_to_tensor(t[i]), group.stacked
-            )
-            due = [table for table in self.tables if table.upkeep_due(events)]
-            if due:  # rows move or grow: no step may be in flight
+            batch = tf.nest.map_structure(lambda t, i=index: t[i], group.stacked)
+            due = [(t, ids) for t, ids in self.looked_up(batch) if t.upkeep_due(ids)]
+            if due:  # it changes rows: no step may be in flight
                 finished += [self._fetch_oldest() for _ in range(len(self._in_flight))]
                 self.drains += 1
-                for table in due:
-                    table.upkeep(events)
+                for table, ids in due:
+                    table.upkeep(len(ids))
+            data = tf.nest.map_structure(tf.convert_to_tensor, batch)
             start = time.perf_counter()
             resolved, step = self._resolve(data)
             scheduled = time.perf_counter()

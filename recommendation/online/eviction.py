@@ -2,8 +2,7 @@
 
 Each row of a `HashEmbedding` carries a priority; the row of lowest priority (ties:
 the lower id) is the one evicted when a new id needs a row and none is free, and never
-a row the current step uses (nor, on a cluster, one a step in flight trains:
-`steps_in_flight`). The policies:
+a row the current step uses. The policies:
 
 - ``none``: a full table refuses new ids (they read the shared default row);
 - ``lru``: the least recently seen row goes first; priority = the step last seen;
@@ -223,22 +222,13 @@ class CandidatePool:
         """Records rows seen (refreshed or admitted) this step with their new
         priorities, for the next step's `add_seen` (LFU only)."""
         if self.notes:
-            self._note(ids, priorities)
-
-    @property
-    def _reads_notes(self) -> bool:
-        """Whether rows are noted for the next step: rows seen (LFU), or passed over
-        because a step in flight pins them (a cluster's tables)."""
-        return self.notes or self.table.pin_steps > 0
-
-    def _note(self, ids: tf.Tensor, priorities: tf.Tensor) -> None:
-        self.seen_ids.assign(tf.concat([self.seen_ids, ids], 0))
-        self.seen_priorities.assign(tf.concat([self.seen_priorities, priorities], 0))
+            self.seen_ids.assign(tf.concat([self.seen_ids, ids], 0))
+            self.seen_priorities.assign(tf.concat([self.seen_priorities, priorities], 0))
 
     def add_seen(self) -> None:
         """Sorts the rows noted last step at or below the bound into a run (at a
         step's start, before any row is seen)."""
-        if not self._reads_notes:
+        if not self.notes:
             return
         ids, priorities = self.seen_ids.read_value(), self.seen_priorities.read_value()
         _empty(self.seen_ids)
@@ -384,29 +374,15 @@ class CandidatePool:
         exact = tf.reduce_sum(tf.cast(_not_above(priorities, ties, bound, bound_tie), tf.int64))
         slots = table.lookup_slots(ids)
         valid = self._valid(ids, priorities)
-        if table.pin_steps:  # a row passed over twice is noted twice: one copy is valid
-            valid &= tf.concat([[True], ids[1:] != ids[:-1]], 0)
-        stamps = tf.gather(table.stamps, tf.maximum(slots, 0))
-        due = valid & (stamps < deadline)
-        expired = due
-        if table.pin_steps:  # a row a step in flight trains is passed over
-            pinned = due & table.pinned(tf.maximum(slots, 0))
-            expired = due & ~pinned
+        expired = valid & (tf.gather(table.stamps, tf.maximum(slots, 0)) < deadline)
         # The exact prefix is used up to the entry that completes `wanted` or up to the
-        # first valid entry not due, whichever comes first.
+        # first valid entry not expired, whichever comes first.
         last = _first(tf.cumsum(tf.cast(expired, tf.int64)) >= wanted, exact)
-        live = _first(valid & ~due, exact)
+        live = _first(valid & ~expired, exact)
         satisfied = tf.minimum(last, live) < exact
         used = tf.minimum(tf.minimum(last + 1, live), exact)
         consumed = tf.range(tf.size(ids, out_type=tf.int64)) < used
         chosen = expired & consumed
-        if table.pin_steps:  # and taken up again from the next step (or by a refill)
-            passed, passed_priorities, passed_stamps = masks.keep(
-                pinned & consumed, ids, priorities, stamps
-            )
-            self._note(passed, passed_priorities)
-            low = tf.reduce_min(tf.concat([passed_stamps, [tf.int64.max]], 0))
-            self.stamp_bound.assign(tf.minimum(self.stamp_bound, low))
         self.heads.assign_add(
             tf.math.unsorted_segment_sum(tf.cast(consumed, tf.int64), run, tf.size(heads))
         )
@@ -443,8 +419,8 @@ class CandidatePool:
         order = _in_order(priorities, table.tiebreak(ids))[: tf.cast(kept, tf.int32)]
         ids, priorities = tf.gather(ids, order), tf.gather(priorities, order)
         count = tf.size(ids, out_type=tf.int64)
-        # Room for the rows noted after the refill.
-        room = count + (kept if self._reads_notes else 0)
+        # LFU tables keep room for the rows noted after the refill.
+        room = count + (kept if self.notes else 0)
         self.ids.assign(tf.concat([ids, tf.zeros([room - count], ids.dtype)], 0))
         self.priorities.assign(tf.concat([priorities, tf.zeros([room - count], tf.float64)], 0))
         self.room.assign(room)

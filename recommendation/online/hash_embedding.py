@@ -17,9 +17,9 @@ holds:
   bots and typos never take a row); until then it reads the default row, never
   trained (`admission`);
 - a full table makes room by its `eviction` policy (`eviction.parse_policy`: lru, lfu,
-  ttl, none), never taking a row the current step uses (nor, on a cluster, a row a
-  step in flight trains: `steps_in_flight`); a new id starts with fresh initial values
-  and zeroed moments;
+  ttl, none), never taking a row the current step uses; a new id starts with fresh
+  initial values and zeroed moments (on a cluster, only while no step is in flight:
+  `steps_in_flight`);
 - the rows train with the optimiser given to `attach_optimizer` (lazy Adam, or SGD),
   only the rows each step uses, and everything (index, rows, moments, priorities,
   counters) is tracked by ``tf.train.Checkpoint``: a restored table evicts exactly the
@@ -46,7 +46,7 @@ from recommendation.online.eviction import (
 )
 from recommendation.online.row_shards import RowShards
 from recommendation.online.row_training import RowTraining
-from recommendation.online.steps_in_flight import InFlightRows
+from recommendation.online.steps_in_flight import DrainedUpkeep
 from recommendation.online.table_changes import ChangeTracking
 
 
@@ -74,7 +74,7 @@ def _default_rows_untrained(rows: tf.Tensor, known: tf.Tensor):
 
 
 @keras.saving.register_keras_serializable(package="ncf")
-class HashEmbedding(Admission, ChangeTracking, RowTraining, InFlightRows, keras.layers.Layer):
+class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras.layers.Layer):
     """Embedding rows for arbitrary int64 or string ids, with admission and eviction.
 
     Args:
@@ -264,7 +264,7 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, InFlightRows, keras.
     def trim(self) -> None:
         """Drops the rows allocated beyond the live ones (before a checkpoint or an
         export, so that they hold the live rows only)."""
-        for variable in [*self.row_variables().values(), *self.in_flight_state()]:
+        for variable in self.row_variables().values():
             row_shards.resize(variable, self.size + 1)
         self.allocated.assign(self.size)
 
@@ -377,7 +377,7 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, InFlightRows, keras.
         freed = tf.zeros([0], tf.int64)
         if self.policy.kind == "ttl":
             ttl = self.policy.ttl_seconds or self.policy.ttl_steps
-            if not self.pin_steps:  # on a cluster, between drained steps (`upkeep`)
+            if not self.drains:  # on a cluster: `upkeep`, between drained steps
                 keys, freed = self._pool.take_expired(self.stamp_clock - ttl, step)
                 self.num_evicted.assign_add(tf.size(keys, out_type=tf.int64))
             if self.permit_filter_value > 1 and not self.policy.ttl_seconds:

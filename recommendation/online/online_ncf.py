@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from recommendation.data import constants
@@ -175,6 +176,13 @@ class OnlineNeuMF(network.NeuMF):
             "negatives": train_rows,
             "negatives_valid": valid,
         }
+
+    def looked_up_ids(self, data: dict) -> list[tuple[HashEmbedding, np.ndarray]]:
+        """The ids a training step on `data` (numpy) looks up, by table."""
+        return [
+            (self.user_embedding, np.ravel(data[constants.USER_COLUMN])),
+            (self.item_embedding, np.ravel(data[constants.ITEM_COLUMN])),
+        ]
 
     def trained_rows(self, resolved: dict) -> list[tuple[HashEmbedding, tf.Tensor]]:
         """The rows a training step on `resolved` changes, by table."""

@@ -16,7 +16,7 @@ from recommendation.online import masks, row_shards
 
 
 class RowTraining:
-    """Mixed into `HashEmbedding`: `attach_optimizer`, `train_rows`,
+    """Mixed into `HashEmbedding`: `attach_optimizer`, `train_rows`, `note_trained`,
     `gradient_variables`, `rows_per_shard` and the rows' `moments`.
 
     The host provides ``embeddings`` (one variable or `row_shards.RowShards`),
@@ -56,7 +56,7 @@ class RowTraining:
         with the attached optimiser; call before the optimiser's own ``apply`` of the
         step, or give Adam's `step` (from 1; a coordinator's count, when workers share
         the optimiser). `note_changes` False: whoever resolved the rows notes them
-        changed (a worker cannot write the coordinator's flags: `note_trained`)."""
+        changed (a worker cannot write the coordinator's flags)."""
         if self._update is None:
             raise ValueError("call attach_optimizer before training the rows")
         optimizer, inner = self._update
@@ -109,6 +109,11 @@ class RowTraining:
         else:
             finite = tf.reduce_all(tf.math.is_finite(gradient.values))
             tf.cond(finite, apply, lambda: tf.constant(False))
+
+    def note_trained(self, slots: tf.Tensor) -> None:
+        """Notes rows `slots` (the default row and -1 left out) changed by a step that
+        trains them elsewhere (`train_rows` with `note_changes` False)."""
+        self._note_changed(masks.keep(slots > 0, slots))
 
     def gradient_variables(self) -> list[tf.Variable]:
         """The variables holding the rows, whose gradients `train_rows` takes."""
