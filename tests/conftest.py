@@ -447,6 +447,24 @@ def truncate_half(path) -> None:
         stream.truncate(os.path.getsize(path) // 2)
 
 
+# The ways `damage_checkpoint` damages a checkpoint.
+CHECKPOINT_DAMAGES = (
+    "truncated",
+    "flipped bytes",
+    "no data file",
+    "truncated index",
+    "garbage index",
+    "no index",
+)
+
+
+def bytes_read() -> int:
+    """The bytes this process has read so far, from files and pipes (Linux's
+    ``/proc/self/io`` rchar): around a read of a large checkpoint, what it read."""
+    with open("/proc/self/io") as stream:
+        return int(next(line for line in stream if line.startswith("rchar:")).split()[1])
+
+
 def damage_checkpoint(prefix: str, how: str) -> str:
     """Damages checkpoint `prefix` on disk the way `how` says (as a failing disk, a full
     one or a copy cut short would); returns a pattern of what `model_dir` says is wrong."""

@@ -4,12 +4,15 @@ holds only what changed."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import CHECKPOINT_DAMAGES, bytes_read, damage_checkpoint
 
 from official.core.model_dir import ModelDirError
 from official.utils.misc import atomic
@@ -194,18 +197,71 @@ def test_a_delta_killed_while_written_is_never_restored(monkeypatch, tmp_path, s
     assert not list(tmp_path.glob("delta-11.*"))  # the leftover is gone
 
 
-def test_a_damaged_delta_ends_the_restore_before_it_and_the_next_checkpoint_is_full(tmp_path):
+@pytest.mark.parametrize("how", CHECKPOINT_DAMAGES)
+def test_a_damaged_delta_ends_the_restore_before_it_and_the_next_checkpoint_is_full(
+    tmp_path, caplog, how
+):
     rec_model = _model()
     saver = _checkpoints(tmp_path, full_every=10)
     _train(rec_model, _stream(6), saver)  # full at 3, delta at 6
     expected = _state(_restored(tmp_path, 10)[0])
     _train(rec_model, _stream(9)[6:], saver)  # delta at 9
-    data = next(tmp_path.glob("delta-9.data-*"))
-    data.write_bytes(data.read_bytes()[:-8])
+    damaged = str(tmp_path / "delta-9")
+    problem = damage_checkpoint(damaged, how)
     resumed, checkpoint = _restored(tmp_path, 10)
     assert checkpoint.restored_from == str(tmp_path / "delta-6")
     _assert_same(_state(resumed), expected)
     assert checkpoint.deltas.next_is_full()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert re.match(
+        rf"{re.escape(damaged)} is damaged \({problem}\): restored up to "
+        rf"{re.escape(str(tmp_path / 'delta-6'))}; ",
+        warning,
+    ), warning
+
+
+# Rows wide enough that a restart reads megabytes, far more than anything else it reads.
+WIDE = dataclasses.replace(
+    MODEL, mf_dim=64, layers=(128, 64), user_capacity=8192, permit_filter_value=1
+)
+
+
+def test_a_restart_reads_the_full_checkpoint_and_its_delta_once(tmp_path):
+    """Reading a checkpoint is what verifies it: a restart reads every byte of the full
+    checkpoint and of the delta after it once, never first to check them, then again."""
+    users = np.arange(1, 4097, dtype=np.int64) << 20
+    batches = [
+        StreamBatch(
+            {
+                constants.USER_COLUMN: users[start : start + 1024],
+                constants.ITEM_COLUMN: np.arange(1024, dtype=np.int64) % 40,
+                constants.TIME_COLUMN: np.full(1024, index, np.int64),
+            },
+            {"offset": index + 1},
+            1024,
+        )
+        for index, start in enumerate([0, 1024, 2048, 3072] * 2)
+    ]
+    rec_model = online_ncf.build_rec_model(WIDE)
+    _train(rec_model, batches, _checkpoints(tmp_path, full_every=10, every_steps=4))
+    assert sorted(path.name for path in tmp_path.glob("*.index")) == [
+        "ckpt-4.index",
+        "delta-8.index",  # every user's row changed
+    ]
+    on_disk = sum(path.stat().st_size for path in tmp_path.glob("*-*.*"))
+
+    def restart() -> callbacks.CheckpointCallback:
+        checkpoint = _checkpoints(tmp_path, full_every=10, every_steps=4)
+        checkpoint.set_rec_model(online_ncf.build_rec_model(WIDE))
+        checkpoint.on_train_begin()
+        return checkpoint
+
+    restart()  # (warm)
+    before = bytes_read()
+    assert restart().restored_from == str(tmp_path / "delta-8")
+    read = bytes_read() - before
+    # (TensorFlow's reader fills a buffer of 1 MiB around the small tensors it reads)
+    assert on_disk <= read < 1.5 * on_disk, (read, on_disk)
 
 
 def test_one_full_every_checkpoint_writes_no_delta(tmp_path):

@@ -5,6 +5,7 @@ damaged one (really damaged on disk) named and the newest intact one restored.""
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import re
 
@@ -12,11 +13,18 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_input_fn
+from conftest import (
+    CHECKPOINT_DAMAGES,
+    TINY_PARAMS,
+    bytes_read,
+    damage_checkpoint,
+    tiny_runner,
+    tiny_train_input_fn,
+)
 
 from official.core import model_dir, precision
 from official.core.model_dir import ModelDirError
-from official.core.runner import Runner
+from official.core.runner import Runner, restore_model
 from recommendation.data import constants
 from recommendation.online import callbacks, online_ncf
 from recommendation.online.stream_batches import StreamBatch
@@ -92,16 +100,6 @@ def test_float16_compute_with_float32_variables_is_the_one_that_scales_its_loss(
         assert precision.with_loss_scaling(adam, policy) is adam
 
 
-DAMAGES = [
-    "truncated",
-    "flipped bytes",
-    "no data file",
-    "truncated index",
-    "garbage index",
-    "no index",
-]
-
-
 def _weights(runner: Runner) -> list[np.ndarray]:
     return [variable.numpy() for variable in runner.state.model.weights]
 
@@ -128,7 +126,7 @@ def _two_checkpoints(directory) -> tuple[str, list[np.ndarray], str]:
     return first, weights, runner.save_checkpoint()
 
 
-@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("how", CHECKPOINT_DAMAGES)
 def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(tmp_path, caplog, how):
     intact, weights, newest = _two_checkpoints(tmp_path)
     problem = damage_checkpoint(newest, how)
@@ -144,6 +142,79 @@ def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(tmp_pa
         "newest intact checkpoint",
         warning,
     ), warning
+
+
+def _flip_a_byte_of(prefix: str, key: str) -> None:
+    """Changes a byte in the middle of tensor `key` of checkpoint `prefix` on disk."""
+    value = tf.train.load_checkpoint(prefix).get_tensor(key).tobytes()
+    (data,) = glob.glob(f"{prefix}.data-*")
+    with open(data, "r+b") as stream:
+        content = stream.read()
+        assert content.count(value) == 1  # (its bytes found where they are)
+        at = content.index(value) + len(value) // 2
+        stream.seek(at)
+        stream.write(bytes([content[at] ^ 0xFF]))
+
+
+def test_a_damaged_tensor_the_restore_does_not_place_is_named_too(tmp_path, caplog):
+    """A weights-only restore reads the optimiser state it leaves (so that every tensor
+    is verified once): damaged there, the checkpoint is named and the one before it is
+    restored over the weights already placed."""
+    intact, weights, newest = _two_checkpoints(tmp_path)
+    shapes = tf.train.load_checkpoint(newest).get_variable_to_shape_map()
+    optimizer_state = max(
+        (key for key in shapes if key.startswith("optimizer/")),
+        key=lambda key: np.prod(shapes[key]),
+    )
+    _flip_a_byte_of(newest, optimizer_state)
+    model = tiny_runner(str(tmp_path / "other")).state.model
+    assert restore_model(model, str(tmp_path)) == intact
+    for kept, restored in zip(weights, model.weights, strict=True):
+        np.testing.assert_array_equal(kept, restored.numpy())
+    (warning,) = _warnings(caplog)
+    assert warning.startswith(f"{newest} is damaged (") and "Checksum does not match" in warning
+
+
+@pytest.mark.parametrize("restored", ["every object", "weights only"])
+def test_a_restore_reads_the_checkpoint_once(tmp_path, restored):
+    """Its restore is what verifies a checkpoint: every tensor read once, checksums
+    checked, those the objects do not hold included (the optimiser state a weights-only
+    restore leaves), never read twice."""
+    size = 1 << 21  # floats: 8 MiB a tensor
+    saved = tf.train.Checkpoint(
+        weights=tf.Variable(tf.random.uniform([size])),
+        moments=tf.Variable(tf.random.uniform([size])),
+    )
+    manager = tf.train.CheckpointManager(saved, str(tmp_path), max_to_keep=1)
+    path = model_dir.save_checkpoint(manager, 1)
+    on_disk = sum(os.path.getsize(name) for name in glob.glob(f"{path}.*"))
+    objects = {"weights": tf.Variable(tf.zeros([size]))}
+    if restored == "every object":
+        objects["moments"] = tf.Variable(tf.zeros([size]))
+    model_dir.restore_latest(lambda: tf.train.Checkpoint(**objects), str(tmp_path))  # (warm)
+    objects["weights"].assign(tf.zeros([size]))
+    before = bytes_read()
+    assert model_dir.restore_latest(lambda: tf.train.Checkpoint(**objects), str(tmp_path)) == path
+    read = bytes_read() - before
+    assert on_disk <= read < 1.25 * on_disk, (read, on_disk)
+    np.testing.assert_array_equal(objects["weights"].numpy(), saved.weights.numpy())
+
+
+def test_a_stopped_run_names_its_checkpoint_without_reading_it_again(tmp_path):
+    """What a stop reports (`newest_intact`): a checkpoint this process wrote or restored
+    is not read a third time while its files are as they were; one cut short since is."""
+    saved = tf.train.Checkpoint(weights=tf.Variable(tf.random.uniform([1 << 21])))
+    manager = tf.train.CheckpointManager(saved, str(tmp_path), max_to_keep=1)
+    path = model_dir.save_checkpoint(manager, 1)
+    (data,) = glob.glob(f"{path}.data-*")
+    before = bytes_read()
+    assert model_dir.newest_intact(str(tmp_path)) == path
+    assert bytes_read() - before < os.path.getsize(data) / 100
+    problem = damage_checkpoint(path, "truncated")
+    with pytest.raises(
+        ModelDirError, match=rf"no intact checkpoint in .*: .*ckpt-1 is damaged \({problem}\)"
+    ):
+        model_dir.newest_intact(str(tmp_path))
 
 
 def test_with_every_checkpoint_damaged_the_error_names_each_and_nothing_is_deleted(tmp_path):

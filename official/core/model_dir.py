@@ -26,6 +26,9 @@ from absl import logging
 
 from official.utils.misc import atomic, errors
 
+# The key of a checkpoint's object graph (`tf.train.Checkpoint` writes it).
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
 
 class ModelDirError(Exception):
     """model_dir (or another folder a trainer writes, its --export_dir) cannot be used,
@@ -68,13 +71,17 @@ def restore_latest(
     """Restores the newest intact checkpoint in `directory` into the objects that
     `new_checkpoint()` holds; returns its path, or None when there is none.
 
-    A checkpoint is restored only once every tensor in it has been read back (a
-    truncated or changed file fails its checksums), so a damaged one leaves the objects
-    untouched: it is named in a warning, with what is wrong, and the one before it is
-    restored (`newest_intact`). The restore goes through a checkpoint object of its own:
-    a failed restore leaves that object holding the values it could not place, and it
-    warns about each of them when freed. It is freed here, quietly; the error says all
-    there is to say.
+    A checkpoint is read once, by its restore (`_restore`): every tensor in it, those
+    of objects not restored included, its checksums verified. One that does not read
+    back (a truncated, changed or missing file) is damaged: it is named in a warning,
+    with what is wrong, and the one before it is restored over it. That restore places
+    every object again (a variable's value and shape, a table's contents), so nothing
+    of the damaged one remains where some of it was placed before a read failed (on a
+    cluster each task's tensors are placed as they are read; the tensors no object
+    holds are read after the others are placed). Each restore goes through a
+    checkpoint object of its own: a failed restore leaves that object holding the
+    values it could not place, and it warns about each of them when freed. It is freed
+    here, quietly; the error says all there is to say.
 
     Args:
         new_checkpoint: Makes a checkpoint object of the objects to restore.
@@ -90,26 +97,31 @@ def restore_latest(
         ModelDirError: The checkpoint does not fit these objects (another run's: no
             older one is tried), or every checkpoint there is damaged.
     """
-    latest, damaged = _scan(directory)
+    latest, damaged = None, []
+    for path in _candidates(directory):
+        checkpoint = new_checkpoint()
+        with _quiet_tensorflow_warnings():
+            try:
+                problem = _restore(checkpoint, path)
+            except _OtherModel as mismatch:
+                newer = f"{_named(damaged)}, and " if damaged else ""
+                raise ModelDirError(
+                    f"{newer}the checkpoint {path} was made with other model flags or other "
+                    f"data ({mismatch}); resume with the flags it was trained with, or start "
+                    "over with --clean or another --model_dir"
+                ) from None
+            finally:
+                del checkpoint
+                gc.collect()
+        if problem is None:
+            latest = path
+            break
+        damaged.append((path, problem))
     if latest is None:
+        if damaged:
+            raise _none_intact(directory, damaged)
         return None
-    mismatch = None
-    checkpoint = new_checkpoint()
-    with _quiet_tensorflow_warnings():
-        try:
-            status = checkpoint.restore(latest).assert_existing_objects_matched()
-            status.expect_partial()  # every object matched; extras (save_counter) unused
-        except (ValueError, AssertionError, tf.errors.OpError) as error:
-            mismatch = _first_line(error)
-        del checkpoint
-        gc.collect()
-    if mismatch is not None:
-        newer = f"{_named(damaged)}, and " if damaged else ""
-        raise ModelDirError(
-            f"{newer}the checkpoint {latest} was made with other model flags or other data "
-            f"({mismatch}); resume with the flags it was trained with, or start over "
-            "with --clean or another --model_dir"
-        )
+    _remember_intact(latest)
     if damaged:
         logging.warning(
             "%s; restored %s, the newest intact checkpoint%s",
@@ -122,39 +134,122 @@ def restore_latest(
     return latest
 
 
+class _OtherModel(Exception):
+    """A checkpoint that reads back does not fit the objects restored from it."""
+
+
+def _restore(checkpoint: tf.train.Checkpoint, prefix: str) -> str | None:
+    """Restores checkpoint `prefix` into `checkpoint`'s objects, then reads the tensors
+    they do not hold (`_read_unrestored`), so that every tensor in it is read once, its
+    checksum verified; returns what makes it damaged (`checkpoint_damage`), or None
+    once it is restored.
+
+    Raises:
+        _OtherModel: It reads back but does not fit the objects.
+    """
+    try:
+        status = checkpoint.restore(prefix).assert_existing_objects_matched()
+        status.expect_partial()  # every object matched; the values left are read below
+        _read_unrestored(status, prefix)
+    except (IndexError, ValueError, AssertionError, tf.errors.OpError) as error:
+        # Damage, or other model flags: the checkpoint read whole tells them apart
+        # and says what is damaged (a read again, after a failed restore only).
+        problem = checkpoint_damage(prefix)
+        if problem is None:
+            raise _OtherModel(_first_line(error)) from None
+        return problem
+    return None
+
+
+def _read_unrestored(status: tf.train.CheckpointLoadStatus, prefix: str) -> None:
+    """Reads the tensors of checkpoint `prefix` that the restore behind `status` left
+    unread (of objects the restore had none of: a weights-only restore leaves the
+    optimiser's), in one read that verifies their checksums.
+
+    Which ones it read is known to TensorFlow's restore coordinator only: its object
+    graph, the nodes it matched and their attributes it left unused, as TensorFlow 2.21
+    keeps them (setup.py pins that minor version). An attribute's key is the prefix of
+    its tensors' keys (a table's ``.../table`` is saved as ``.../table-keys`` and
+    ``.../table-values``).
+
+    Raises:
+        tf.errors.OpError: A tensor does not read back.
+    """
+    coordinator = status._checkpoint
+    nodes = coordinator.object_graph_proto.nodes
+    restored = tuple(
+        attribute.checkpoint_key
+        for node_id in coordinator.matched_proto_ids
+        for attribute in nodes[node_id].attributes
+        if attribute.name not in coordinator.unused_attributes.get(node_id, ())
+    )
+    dtypes = coordinator.dtype_map  # every tensor in the checkpoint, from its index
+    unread = [
+        key
+        for key in dtypes
+        if key != _OBJECT_GRAPH_KEY and not key.startswith(restored)  # (read first)
+    ]
+    if unread:
+        tf.raw_ops.RestoreV2(
+            prefix=prefix,
+            tensor_names=unread,
+            shape_and_slices=[""] * len(unread),
+            dtypes=[dtypes[key] for key in unread],
+        )
+
+
 def newest_intact(directory: str) -> str | None:
     """The checkpoint in `directory` that `restore_latest` would restore (every tensor
     read back), or None when there is none.
 
     Candidates, newest first: the checkpoint state's latest, the rest of its list from
-    the newest, then any other ``ckpt-<number>.index`` there, highest number first.
+    the newest, then any other ``ckpt-<number>.index`` there, highest number first. One
+    that this process restored, wrote or found intact before is not read again while
+    its files keep the names, sizes and modification times they had then (a copy over
+    it, a cut or a rewrite changes them; damage a disk does in place does not, and the
+    next restore finds it): a stopped run names the checkpoint it leaves without
+    reading it once more.
 
     Raises:
         ModelDirError: Every checkpoint there is damaged (naming each and what is wrong).
     """
-    return _scan(directory)[0]
-
-
-def _scan(directory: str) -> tuple[str | None, list[tuple[str, str]]]:
-    """The newest intact checkpoint in `directory` (None: there is none) and the newer
-    ones that are damaged, each with what is wrong (`checkpoint_damage`).
-
-    Raises:
-        ModelDirError: Every checkpoint there is damaged.
-    """
     damaged = []
     for path in _candidates(directory):
+        if path in _INTACT and _INTACT[path] == _files_of(path):
+            return path
         problem = checkpoint_damage(path)
         if problem is None:
-            return path, damaged
+            _remember_intact(path)
+            return path
         damaged.append((path, problem))
     if damaged:
-        raise ModelDirError(
-            f"no intact checkpoint in {directory}: {_named(damaged)}; train again with "
-            f"--clean or another --model_dir (copy {directory} elsewhere first if its data "
-            "matters)"
-        )
-    return None, []
+        raise _none_intact(directory, damaged)
+    return None
+
+
+# Checkpoints this process read whole or wrote, by prefix: their files then (`_files_of`).
+_INTACT: dict[str, tuple[tuple[str, int, int], ...]] = {}
+
+
+def _files_of(prefix: str) -> tuple[tuple[str, int, int], ...]:
+    """The name, size and modification time of each file of checkpoint `prefix`."""
+    found = []
+    for path in sorted(tf.io.gfile.glob(f"{prefix}.*")):
+        stat = tf.io.gfile.stat(path)
+        found.append((os.path.basename(path), stat.length, stat.mtime_nsec))
+    return tuple(found)
+
+
+def _remember_intact(prefix: str) -> None:
+    _INTACT[prefix] = _files_of(prefix)
+
+
+def _none_intact(directory: str, damaged: list[tuple[str, str]]) -> ModelDirError:
+    return ModelDirError(
+        f"no intact checkpoint in {directory}: {_named(damaged)}; train again with "
+        f"--clean or another --model_dir (copy {directory} elsewhere first if its data "
+        "matters)"
+    )
 
 
 def _candidates(directory: str) -> list[str]:
@@ -255,6 +350,7 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int, durable: boo
         )
         left = f"the last complete checkpoint is {kept}" if kept else "none was kept"
         raise ModelDirError(f"{failure}; {left}") from None
+    _remember_intact(path)
     return path
 
 

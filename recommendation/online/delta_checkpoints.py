@@ -239,7 +239,7 @@ class DeltaCheckpoints:
             manifest = None  # the next checkpoint is full: no deltas build on `full`
         for name in manifest["deltas"] if manifest else ():
             prefix = os.path.join(self.directory, name)
-            problem = model_dir.checkpoint_damage(prefix)
+            problem = self._apply(prefix, tables, state)
             if problem is not None:
                 logging.warning(
                     "%s is damaged (%s): restored up to %s; the events trained after it "
@@ -249,7 +249,6 @@ class DeltaCheckpoints:
                     applied[-1] if applied else full,
                 )
                 break
-            self._apply(prefix, tables, state)
             applied.append(prefix)
         for table in tables.values():
             # Also after a full checkpoint alone: the index it saved is rebuilt from
@@ -260,7 +259,18 @@ class DeltaCheckpoints:
             self.manifest = manifest  # later deltas build on it; else the next is full
         return applied[-1] if applied else None
 
-    def _apply(self, prefix: str, tables: dict, state: dict[str, tf.Variable]) -> None:
+    def _apply(self, prefix: str, tables: dict, state: dict[str, tf.Variable]) -> str | None:
+        """Reads delta `prefix` whole into variables of its own (one read, its checksums
+        verified), then applies it to the model; returns what makes it damaged instead
+        (`model_dir.checkpoint_damage`), the model untouched, or None once applied.
+
+        Raises:
+            ModelDirError: It reads back but does not fit this model (another run's flags).
+        """
+        held = {
+            path: tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False)
+            for path, variable in state.items()
+        }
         empty = {
             path: {
                 name: tf.zeros([0, *spec.shape[1:]], spec.dtype)
@@ -268,16 +278,24 @@ class DeltaCheckpoints:
             }
             for path, table in tables.items()
         }
-        checkpoint, holders = self._delta_checkpoint(state, empty)
+        checkpoint, holders = self._delta_checkpoint(held, empty)
         try:
             checkpoint.read(prefix).assert_consumed()
-        except (AssertionError, ValueError, tf.errors.OpError) as error:
+        except (IndexError, AssertionError, ValueError, tf.errors.OpError) as error:
+            # Damage, or other model flags: the delta read whole tells them apart and
+            # says what is damaged (a read again, after a failed read only).
+            problem = model_dir.checkpoint_damage(prefix)
+            if problem is not None:
+                return problem
             raise ModelDirError(
                 f"the delta {prefix} was made with other model flags ({error}); resume "
                 "with the flags it was trained with, or start over with --clean"
             ) from None
+        for path, variable in state.items():
+            variable.assign(held[path])
         for path, table in tables.items():
             table.apply_changes({k: v.read_value() for k, v in holders[path].changes.items()})
+        return None
 
     def _read_manifest(self) -> dict | None:
         path = os.path.join(self.directory, MANIFEST)
