@@ -1,7 +1,8 @@
 """Trains NeuMF online from an event stream (``python -m recommendation.online_main``).
 
-    python -m recommendation.online_main --redis_url redis://localhost:6379/0 \\
-        --stream events --model_dir /tmp/ncf-online --export_dir /tmp/ncf-online/export
+    REDIS_PASSWORD=... python -m recommendation.online_main \\
+        --redis_url redis://localhost:6379/0 --stream events \\
+        --model_dir /tmp/ncf-online --export_dir /tmp/ncf-online/export
     python -m recommendation.online_main --events_dir /data/events --model_dir ...
 
 Events are (user, item, timestamp); users and items get hash-embedding rows as they
@@ -13,7 +14,10 @@ checkpoints and, between those, only what changed (a delta); only once one is on
 disk are the events it covers acknowledged to Redis; a SavedModel is exported
 (atomically, keeping --keep_exports versions) every --export_every_steps steps or
 --export_every_secs seconds. SIGINT/SIGTERM finishes the step, checkpoints,
-acknowledges and exits. Flags are read here only; `OnlineConfig` carries them inward.
+acknowledges and exits. Redis credentials and TLS are `redis_connection`'s (the password
+from the environment or a file, never printed); a password refused while training stops
+the run with one error line (the same command resumes from the last checkpoint). Flags
+are read here only; `OnlineConfig` carries them inward.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from recommendation.online import (
     cluster,
     eviction,
     online_ncf,
+    redis_connection,
     redis_source,
     run_summary,
     sources,
@@ -56,6 +61,7 @@ from recommendation.online.dead_letters import DeadLetterFile
 from recommendation.online.event_stream import EventStream
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, RecModel
+from recommendation.online.redis_connection import RedisAccess, RedisAccessError, RedisOptions
 from recommendation.training import ncf_flags
 
 
@@ -65,7 +71,8 @@ class OnlineConfig:
     are the flags' defaults.
 
     Attributes:
-        redis_url, stream, group, consumer: The Redis stream source.
+        redis: The Redis to read from (its URL, credentials and TLS files).
+        stream, group, consumer: The Redis stream, consumer group and consumer.
         events_dir, dead_letter_file: The event-folder source and its dead letters.
         model_dir, clean: Checkpoints (resumed unless `clean`).
         export_dir, keep_exports: Serving exports (versions) and how many to keep.
@@ -87,7 +94,7 @@ class OnlineConfig:
         cluster_wait_secs: How long the chief waits for the cluster's tasks to answer.
     """
 
-    redis_url: str | None = None
+    redis: RedisOptions = RedisOptions()
     stream: str = "events"
     group: str = "trainer"
     consumer: str = "trainer-0"
@@ -119,18 +126,16 @@ class OnlineConfig:
     cluster_wait_secs: float = 300.0
 
 
-def make_source(config: OnlineConfig):
-    """The Redis or folder source the config names."""
-    if config.redis_url:
-        client = redis.Redis.from_url(config.redis_url, socket_timeout=30)
-        try:
+def make_source(config: OnlineConfig, redis_access: RedisAccess | None = None):
+    """The Redis source (answering already) through `redis_access`, or else the folder
+    source, that the config names."""
+    if redis_access is not None:
+        client = redis_access.client(socket_timeout=30)
+        source = redis_source.RedisSource(client, config.stream, config.group, config.consumer)
+        with redis_access.errors_explained(source.acl_rules()):
             client.ping()
-        except redis.ConnectionError as error:
-            raise ValueError(
-                f"cannot reach Redis at {config.redis_url} ({error}): start redis-server "
-                "or fix --redis_url"
-            ) from None
-        return redis_source.RedisSource(client, config.stream, config.group, config.consumer)
+        logging.info("reading stream %r of Redis at %s", config.stream, redis_access.shown)
+        return source
     dead_letter = config.dead_letter_file or os.path.join(config.model_dir, "dead_letters.jsonl")
     return sources.DirectorySource(config.events_dir, DeadLetterFile(dead_letter))
 
@@ -204,12 +209,13 @@ def run(config: OnlineConfig) -> dict:
 
 
 def _run_holding_model_dir(config: OnlineConfig) -> dict:
+    redis_access = redis_connection.resolve(config.redis) if config.redis.url else None
     resolver = cluster.cluster_resolver()
     connection = cluster.connect(resolver, config.cluster_wait_secs) if resolver else None
     rec_model: RecModel = online_ncf.build_rec_model(
         config.model, config.amp_level, config.boost_level, connection
     )
-    source = make_source(config)
+    source = make_source(config, redis_access)
     chosen = make_callbacks(config)
     try:
         summary = rec_model.online_train(
@@ -218,6 +224,13 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
             dataset_sink_mode=True,
             sink_size=config.sink_size,
         )
+    except redis.RedisError as error:
+        # Refused once running (a password changed, a right withdrawn): retrying would
+        # only repeat it, and a stopped trainer is seen where a retrying one looks alive.
+        raise RedisAccessError(
+            redis_access.explain(error, source.acl_rules())
+            + "; training stopped, and the same command resumes from the last checkpoint"
+        ) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
         if connection is None:
             raise
@@ -265,7 +278,7 @@ EVICTION_POLICY = Check(
 # Every flag of ``online_main``, on `OnlineConfig` (which holds the defaults); the
 # concepts it shares with ncf-main are ncf-main's flags.
 ONLINE_FLAGS = (
-    FlagSpec("redis_url", "Redis to read events from, redis://host:port/db."),
+    *core.under(redis_connection.REDIS_FLAGS, "redis"),
     FlagSpec("stream", "Redis stream key."),
     FlagSpec("group", "Redis consumer group."),
     FlagSpec("consumer", "Consumer name; keep it across restarts."),
@@ -428,7 +441,7 @@ def main(argv: list[str]) -> None:
         return
     start = time.perf_counter()
     # Stop signals are RecModel's: it finishes the step, checkpoints and returns.
-    with errors.exit_on_user_errors(redis.RedisError, ValueError, ModelDirError):
+    with errors.exit_on_user_errors(RedisAccessError, ValueError, ModelDirError):
         try:
             summary = run(config)
         except cluster.ClusterError as error:
@@ -443,7 +456,7 @@ def main(argv: list[str]) -> None:
 def run_main() -> None:
     """Console-script entry point (``ncf-online``)."""
     define_online_flags()
-    app.run(main)
+    app.run(main, flags_parser=redis_connection.parse_flags)
 
 
 if __name__ == "__main__":

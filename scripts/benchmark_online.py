@@ -73,7 +73,8 @@ import replay_events  # noqa: E402
 from recommendation.data import movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.model import neumf_model
-from recommendation.online import redis_source, versioned_export  # noqa: E402
+from recommendation.online import redis_connection, redis_source, versioned_export  # noqa: E402
+from recommendation.online.redis_connection import RedisOptions  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
 from recommendation.producer import negative_sampling  # noqa: E402
 from recommendation.training import cycles
@@ -165,14 +166,20 @@ def _start_redis(work_dir: str) -> tuple[subprocess.Popen, str]:
         ],
         stdout=subprocess.DEVNULL,
     )
-    client = redis.Redis(port=port)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = _client(url)
     for _ in range(200):
         try:
             client.ping()
             break
         except redis.ConnectionError:
             time.sleep(0.05)
-    return process, f"redis://127.0.0.1:{port}/0"
+    return process, url
+
+
+def _client(redis_url: str) -> redis.Redis:
+    """A client of the Redis `_start_redis` started (no password: not the environment's)."""
+    return redis_connection.resolve(RedisOptions(url=redis_url), environ={}).client()
 
 
 def _split(ratings_path: str, work_dir: str, seed: int):
@@ -375,7 +382,7 @@ def _capacity_runs(redis_url: str, work_dir: str, events: np.ndarray) -> dict[in
     --capacity_ps ps tasks (one worker): by ps count, the summary and each ps task's
     peak RSS in MB."""
     rows = _new_user_events(events, FLAGS.capacity_ids, FLAGS.seed)
-    publisher = replay_events.RedisPublisher(redis.Redis.from_url(redis_url), "capacity")
+    publisher = replay_events.RedisPublisher(_client(redis_url), "capacity")
     replay_events.replay(publisher, rows, rate=0, chunk=5000)
     capacity = 1 << (FLAGS.capacity_ids + ML_1M_USERS).bit_length()
     runs = {}
@@ -591,7 +598,7 @@ def _wait_for_warm_up(
 def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
     """Replays at --live_rate and measures publication-to-export times, after a
     warm-up of --live_ids new users (none: ML-1M's first events only)."""
-    client = redis.Redis.from_url(redis_url)
+    client = _client(redis_url)
     publisher = replay_events.RedisPublisher(client, "live")
     warm_up = 5000
     rows = np.concatenate([_new_user_events(events, FLAGS.live_ids, FLAGS.seed), events[:warm_up]])
@@ -800,7 +807,7 @@ def main(argv: list[str]) -> None:
     try:
         start = time.perf_counter()
         replay_events.replay(
-            replay_events.RedisPublisher(redis.Redis.from_url(redis_url), "train"),
+            replay_events.RedisPublisher(_client(redis_url), "train"),
             train_events,
             rate=0,
             chunk=5000,

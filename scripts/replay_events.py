@@ -1,6 +1,7 @@
 """Replays a MovieLens ratings file as a live event stream, in timestamp order.
 
-    python scripts/replay_events.py --ratings ../shared/data/ml-1m/ratings.dat \
+    REDIS_PASSWORD=... python scripts/replay_events.py \
+        --ratings ../shared/data/ml-1m/ratings.dat \
         --redis_url redis://localhost:6379/0 --stream events --rate 5000
     python scripts/replay_events.py --ratings ratings.csv --events_dir /tmp/events
 
@@ -9,7 +10,9 @@ Each rating becomes one event (user, item, timestamp): a Redis stream entry with
 ``user,item,timestamp`` appended to ``events-NNNNN.csv`` files in a folder (whole lines
 only, a new file every --file_events events), the two sources `online_main` reads.
 --rate paces publication (events per second; 0 = as fast as possible); --limit and
---skip select a slice of the time-ordered ratings.
+--skip select a slice of the time-ordered ratings. Redis is reached as the trainer
+reaches it (`redis_connection`: the password from REDIS_PASSWORD or
+--redis_password_file, TLS with rediss:// and --redis_ca_file, never printed).
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ import redis
 import tensorflow as tf
 from absl import app, flags, logging
 
+from official.utils.flags import core
 from recommendation.data import movielens, ratings_readers
+from recommendation.online import redis_connection
+from recommendation.online.redis_connection import RedisAccessError, RedisOptions
 
 _FORMATS = {
     "dat": movielens.DAT_FORMAT,
@@ -64,6 +70,10 @@ class RedisPublisher:
 
     def __init__(self, client: redis.Redis, stream: str) -> None:
         self.client, self.stream = client, stream
+
+    def acl_rules(self) -> str:
+        """The ACL rules that allow a Redis user what publishing sends."""
+        return redis_connection.acl_rules(("ping", "xadd"), (self.stream,))
 
     def publish(self, events: np.ndarray) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -131,7 +141,7 @@ def define_flags() -> None:
         "ratings", None, "MovieLens ratings file (ratings.dat, ratings.csv, u.data)."
     )
     flags.DEFINE_enum("file_format", "auto", ["auto", *_FORMATS], "Layout of --ratings.")
-    flags.DEFINE_string("redis_url", None, "Publish to this Redis (redis://host:port/db).")
+    core.define_flags(redis_connection.REDIS_FLAGS, RedisOptions())
     flags.DEFINE_string("stream", "events", "Redis stream key.")
     flags.DEFINE_string("events_dir", None, "Publish CSV event files into this folder instead.")
     flags.DEFINE_integer("file_events", 1_000_000, "Events per file in --events_dir.")
@@ -155,6 +165,18 @@ def define_flags() -> None:
     )
 
 
+def _replay_to_redis(events: np.ndarray) -> tuple[float, str]:
+    """Publishes `events` to the Redis of the flags; returns seconds and the URL shown."""
+    access = redis_connection.resolve(
+        core.config_from_flags(redis_connection.REDIS_FLAGS, RedisOptions(), FLAGS)
+    )
+    publisher = RedisPublisher(access.client(), FLAGS.stream)
+    with access.errors_explained(publisher.acl_rules()):
+        publisher.client.ping()
+        logging.info("publishing %d events to %s", len(events), access.shown)
+        return replay(publisher, events, FLAGS.rate), access.shown
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -162,18 +184,13 @@ def main(argv: list[str]) -> None:
         events = load_events(FLAGS.ratings, file_format_for(FLAGS.ratings, FLAGS.file_format))
         events = events[FLAGS.skip :][: FLAGS.limit]
         if FLAGS.redis_url:
-            client = redis.Redis.from_url(FLAGS.redis_url)
-            client.ping()
-            publisher, target = RedisPublisher(client, FLAGS.stream), FLAGS.redis_url
+            seconds, target = _replay_to_redis(events)
         else:
             target = FLAGS.events_dir
-            publisher = DirectoryPublisher(target, FLAGS.file_events)
-        logging.info("publishing %d events to %s", len(events), target)
-        seconds = replay(publisher, events, FLAGS.rate)
-    except movielens.DataError as error:
+            logging.info("publishing %d events to %s", len(events), target)
+            seconds = replay(DirectoryPublisher(target, FLAGS.file_events), events, FLAGS.rate)
+    except (movielens.DataError, RedisAccessError) as error:
         sys.exit(f"error: {error}")
-    except (redis.RedisError, ValueError) as error:
-        sys.exit(f"error: cannot publish to {FLAGS.redis_url} ({error}): check --redis_url")
     print(
         f"published {len(events):,} events in {seconds:.1f} s "
         f"({len(events) / max(seconds, 1e-9):,.0f} events/s) to {target}"
@@ -182,4 +199,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=redis_connection.parse_flags)

@@ -10,6 +10,7 @@ import importlib.util
 import io
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -143,7 +144,15 @@ def tiny_train_input_fn() -> tf.data.Dataset:
 
 # Fixtures that start a server: a test that asks for one is an integration test.
 SERVER_FIXTURES = frozenset(
-    {"redis_server", "redis6_server", "valkey_server", "each_redis_server", "gcs"}
+    {
+        "redis_server",
+        "redis6_server",
+        "valkey_server",
+        "each_redis_server",
+        "redis_server_with_password",
+        "redis_tls",
+        "gcs",
+    }
 )
 
 # What starts another process or sends a signal; a test that does either is an
@@ -213,20 +222,29 @@ class RedisServer:
     Args:
         directory: Its data folder.
         binary: The server to run (default: `redis_server_binary`'s).
+        password: The default user's password (``requirepass``, given in a config file
+            rather than on the server's command line); None: none.
     """
 
-    def __init__(self, directory: str, binary: str | None = None) -> None:
+    def __init__(
+        self, directory: str, binary: str | None = None, password: str | None = None
+    ) -> None:
         self.directory = directory
         self.binary = binary
+        self.password = password
         self.port = _free_port()
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
+        """Its URL, without the password (give that as the trainer's users would)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self, socket_timeout: float | None = None) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=socket_timeout)
+        """A client of the default user (with its password)."""
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=socket_timeout, password=self.password
+        )
 
     def start(self) -> None:
         """Starts the server; a restart keeps the port (clients hold the URL). On the
@@ -243,12 +261,22 @@ class RedisServer:
             self.port = _free_port()
         raise RuntimeError(f"redis-server did not start on port {self.port} (in {self.directory})")
 
+    def _config_file(self) -> list[str]:
+        """The server's config file argument (its password), or none."""
+        if self.password is None:
+            return []
+        path = os.path.join(self.directory, "redis.conf")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+            out.write(f'requirepass "{self.password}"\n')
+        return [path]
+
     def _started(self, binary: str) -> bool:
         """Whether a server started on `self.port` answers (False: it exited, as it
         does when the port is taken)."""
         self.process = subprocess.Popen(
             [
                 binary,
+                *self._config_file(),
                 "--port",
                 str(self.port),
                 "--bind",
@@ -367,6 +395,68 @@ def valkey_server(tmp_path):
 def each_redis_server(request):
     """`redis6_server`, then `valkey_server`: a test of what both must do."""
     return request.getfixturevalue(request.param)
+
+
+# A throwaway Redis password with characters a URL must quote (":", "@", "/"), so that
+# a test can look for it, as it is and quoted, in everything a program printed or wrote.
+def throwaway_password() -> str:
+    return f"pw:{secrets.token_hex(6)}@/{secrets.token_hex(6)}"
+
+
+@pytest.fixture
+def redis_server_with_password(tmp_path):
+    """A started `RedisServer` whose default user has a `throwaway_password`, killed
+    after the test."""
+    server = RedisServer(str(tmp_path / "redis"), password=throwaway_password())
+    server.start()
+    yield server
+    server.kill()
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisTls:
+    """`redis_server_with_password` behind a TLS proxy that asks for a client
+    certificate: its CA, a CA that signed nothing of it, and a client certificate."""
+
+    server: RedisServer
+    port: int
+    ca_file: str
+    wrong_ca_file: str
+    cert_file: str
+    key_file: str
+
+    @property
+    def url(self) -> str:
+        """Its URL by the name its certificate holds (``localhost``)."""
+        return f"rediss://localhost:{self.port}/0"
+
+
+@pytest.fixture
+def redis_tls(redis_server_with_password, tmp_path):
+    """A started `RedisTls` (the Redis servers of the test extras have no TLS: a
+    `tls_proxy.TlsProxy` speaks it for them)."""
+    from certificates import CertificateAuthority
+    from tls_proxy import TlsProxy
+
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    authority = CertificateAuthority("test CA")
+    authority.write(str(folder / "ca.pem"))
+    CertificateAuthority("another CA").write(str(folder / "wrong-ca.pem"))
+    server_files = (str(folder / "server.pem"), str(folder / "server.key"))
+    authority.issue(*server_files, "localhost", hosts=("localhost",))
+    authority.issue(str(folder / "client.pem"), str(folder / "client.key"), "trainer")
+    proxy = TlsProxy(redis_server_with_password.port, *server_files, str(folder / "ca.pem"))
+    proxy.start()
+    yield RedisTls(
+        server=redis_server_with_password,
+        port=proxy.port,
+        ca_file=str(folder / "ca.pem"),
+        wrong_ca_file=str(folder / "wrong-ca.pem"),
+        cert_file=str(folder / "client.pem"),
+        key_file=str(folder / "client.key"),
+    )
+    proxy.stop()
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,6 @@ https://storage.googleapis.com. So the emulator is:
 from __future__ import annotations
 
 import ctypes
-import datetime
 import http.client
 import http.server
 import json
@@ -86,39 +85,9 @@ def unavailable_reason() -> str | None:
 
 def _write_certificate(cert_path: str, key_path: str) -> None:
     """A self-signed CA certificate for `GCS_HOSTS` (curl trusts it as its CA bundle)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from certificates import CertificateAuthority
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, GCS_HOSTS[0])])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=7))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(host) for host in GCS_HOSTS]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    with open(cert_path, "wb") as out:
-        out.write(cert.public_bytes(serialization.Encoding.PEM))
-    with open(key_path, "wb") as out:
-        out.write(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
+    CertificateAuthority(GCS_HOSTS[0], GCS_HOSTS).write(cert_path, key_path)
 
 
 def _die_with_parent() -> None:

@@ -85,13 +85,16 @@ class _Publisher(threading.Thread):
                     client = self.server.client()
 
 
-def _start(tmp_path, name: str, *flags: str) -> tuple[subprocess.Popen, str]:
+def _start(
+    tmp_path, name: str, *flags: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """Starts the trainer with `flags` (its environment: this one, or `env`)."""
     out = str(tmp_path / f"{name}.out")
     with open(out, "w") as stdout, open(str(tmp_path / f"{name}.err"), "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "recommendation.online_main", *MODEL_FLAGS, *flags],
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": ROOT},
+            env={**(os.environ if env is None else env), "PYTHONPATH": ROOT},
             stdout=stdout,
             stderr=stderr,
         )

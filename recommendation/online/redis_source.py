@@ -14,11 +14,32 @@ import numpy as np
 import redis
 from absl import logging
 
+from recommendation.online import redis_connection
 from recommendation.online.dead_letters import payload_text
 from recommendation.online.event_parsing import EventChunk, parse_event
 
 # Events whose payload is one JSON object carry it in this Redis field.
 JSON_FIELD = "json"
+
+# Every command a `RedisSource` sends (and the PING that checks the connection first),
+# as ACL rules name them: what a Redis ACL user of the trainer must be allowed.
+COMMANDS = (
+    "ping",
+    "xgroup|create",
+    "xreadgroup",
+    "xack",
+    "xinfo|groups",
+    "xinfo|stream",
+    "xrange",
+    "xpending",
+    "xadd",
+    "multi",
+    "exec",
+)
+
+# Connection failures that retrying heals (a server restarting, a network gone for a
+# while); a refused password is none (`RedisSource`).
+_RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
 def _plain_redis_events(flats: list) -> tuple[np.ndarray, np.ndarray]:
@@ -173,6 +194,11 @@ class RedisSource:
       re-read come back without fields): counted, and acknowledged with the rest.
     - Trimmed after delivery and before a restore reads them again (below).
 
+    Connection failures and timeouts are retried with back-off (`max_backoff`); a
+    refused password (`redis.AuthenticationError`, which redis-py counts among the
+    connection errors) is raised instead, since trying the same one again cannot heal
+    it. Errors are logged without the password (`redis_connection.error_text`).
+
     Where a loss may have happened that cannot be counted, `lost_events_exact` turns
     False (for good: it travels in the position) and `lost_events` is a lower bound.
 
@@ -191,7 +217,7 @@ class RedisSource:
     created at the restored position (nothing after it was delivered).
 
     Args:
-        client: A ``redis.Redis`` client (``redis.Redis.from_url(...)``).
+        client: A ``redis.Redis`` client (`redis_connection.RedisAccess.client`).
         stream, group, consumer: Stream key, consumer group and this consumer's name
             (keep it across restarts: its pending entries are re-read at start).
         dead_letter_stream: Stream receiving malformed entries.
@@ -253,12 +279,18 @@ class RedisSource:
         self._replay_due, self._replay = bool(entry_id), None
         self._pending_cursor = "0"
 
+    def acl_rules(self) -> str:
+        """The ACL rules that allow a Redis user everything this source sends."""
+        return redis_connection.acl_rules(COMMANDS, (self.stream, self.dead_letter_stream))
+
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
         try:
             self._ensure_group()
             entries = self._read_entries(max_events, timeout)
             chunk = self._parse(entries) if entries else None
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as error:
+        except redis.AuthenticationError:
+            raise
+        except _RECONNECTABLE as error:
             self._wait_to_reconnect(error)
             return None
         self._backoff = 0.0
@@ -427,7 +459,11 @@ class RedisSource:
         # pending list) that never arrived: walk the pending list again from after
         # the last entry that did arrive.
         self._pending_cursor = self._last_read or "0"
-        logging.warning("redis unavailable (%s); retrying in %.2f s", error, self._backoff)
+        logging.warning(
+            "redis unavailable (%s); retrying in %.2f s",
+            redis_connection.error_text(error, self.client),
+            self._backoff,
+        )
         time.sleep(self._backoff)
 
     def _parse(self, entries: list) -> EventChunk:
@@ -563,10 +599,15 @@ class RedisSource:
         try:
             for start in range(0, len(done), 10000):
                 self.client.xack(self.stream, self.group, *done[start : start + 10000])
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as error:
+        except redis.AuthenticationError:
+            raise
+        except _RECONNECTABLE as error:
             # Acknowledged with the next commit; until then they stay pending (and
             # are skipped by id after a restart), so nothing is lost.
-            logging.warning("redis unavailable for XACK (%s); retried at the next commit", error)
+            logging.warning(
+                "redis unavailable for XACK (%s); retried at the next commit",
+                redis_connection.error_text(error, self.client),
+            )
             self._delivered.appendleft((_stream_id(done[-1]), done))
 
     def close(self) -> None:
@@ -576,5 +617,9 @@ class RedisSource:
             try:
                 self._check_trimmed()
             except redis.RedisError as error:
-                logging.warning("could not check %r for trimmed entries (%s)", self.stream, error)
+                logging.warning(
+                    "could not check %r for trimmed entries (%s)",
+                    self.stream,
+                    redis_connection.error_text(error, self.client),
+                )
         self.client.close()

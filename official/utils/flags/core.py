@@ -169,6 +169,12 @@ def at(table: Table, **fields: str) -> tuple[FlagSpec | Rule, ...]:
     )
 
 
+def under(table: Table, owner: str) -> tuple[FlagSpec | Rule, ...]:
+    """`table`, written for a config of its own, setting the fields of the config at
+    `owner` (``redis``) in a larger one."""
+    return at(table, **{spec.name: f"{owner}.{spec.path}" for spec in specs(table)})
+
+
 def get_field(config: Any, path: str) -> Any:
     """The value at dotted `path` in `config`."""
     return functools.reduce(getattr, path.split("."), config)
