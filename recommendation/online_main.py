@@ -6,8 +6,10 @@
     python -m recommendation.online_main --events_dir /data/events --model_dir ...
 
 Events are (user, item, timestamp); users and items get hash-embedding rows as they
-appear. Every batch is first scored (prequential HR@k against sampled negatives) and
-then trained on with --num_neg negatives per event drawn from the items seen so far.
+appear. One event in --prequential_every is first scored by the prequential protocol
+(`prequential`: HR@k, NDCG@k and AUC against sampled negatives, by cold and warm
+users), and every batch is then trained on with --num_neg negatives per event drawn
+from the items seen so far.
 Checkpoints (with the stream position) are written every --checkpoint_every_steps
 steps or --checkpoint_every_secs seconds, full every --full_checkpoint_every
 checkpoints and, between those, only what changed (a delta); only once one is on
@@ -28,7 +30,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import redis
 import tensorflow as tf
 from absl import app, flags, logging
@@ -46,11 +47,13 @@ from official.utils.flags.core import (
 )
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc import atomic, errors
+from recommendation.model.hyperparams import ModelParams
 from recommendation.online import (
     callbacks,
     cluster,
     eviction,
     online_ncf,
+    prequential,
     redis_connection,
     redis_source,
     run_summary,
@@ -77,6 +80,9 @@ class OnlineConfig:
         model_dir, clean: Checkpoints (resumed unless `clean`).
         export_dir, keep_exports: Serving exports (versions) and how many to keep.
         model: Network, hash tables, sampling and optimiser settings.
+        prequential_every, prequential_negatives, prequential_window_events, top_k: The
+            prequential protocol (`prequential.Prequential`'s every, negatives,
+            window_events and top_k).
         batch_size: Events per training step.
         sink_size: Steps per graph call.
         amp_level, boost_level: RecModel precision and speed-up levels.
@@ -105,6 +111,10 @@ class OnlineConfig:
     export_dir: str | None = None
     keep_exports: int = 3
     model: OnlineParams = OnlineParams()
+    prequential_every: int = 8
+    prequential_negatives: int = 99
+    prequential_window_events: int = 100_000
+    top_k: int = ModelParams.top_k
     batch_size: int = 4096
     sink_size: int = 4
     amp_level: str = "O0"
@@ -152,17 +162,25 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
         full_every=config.full_checkpoint_every,
     )
     tables = callbacks.TableWatch()
+    evaluation = callbacks.PrequentialEvaluation(
+        prequential.Prequential(
+            config.prequential_every,
+            config.prequential_negatives,
+            config.top_k,
+            window_events=config.prequential_window_events,
+        )
+    )
     chosen: list[Callback] = []
     if config.trained_events_log:
         chosen.append(callbacks.TrainedEventsLog(config.trained_events_log))
     chosen.append(
         callbacks.MetricLogger(
             every_seconds=config.log_every_secs,
-            gauges=tables.gauges,
+            gauges=lambda: {**evaluation.gauges(), **tables.gauges()},
             summaries=ScalarSummaries(config.model_dir),
         )
     )
-    chosen += [tables, checkpoint, callbacks.ReportRestore(checkpoint)]
+    chosen += [evaluation, tables, checkpoint, callbacks.ReportRestore(checkpoint)]
     if config.export_dir:
         chosen.append(
             callbacks.ExportCallback(
@@ -242,14 +260,12 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
     finally:
         source.close()
     history = next(c for c in chosen if isinstance(c, callbacks.MetricLogger)).history
-    hr_values = [record["hr"] for record in history if "hr" in record]
     summary.update(
         dead_letters=source.dead_letters,
         lost_events=getattr(source, "lost_events", 0),
         lost_events_exact=getattr(source, "lost_events_exact", True),
         rewritten_files=getattr(source, "rewritten_files", None),
         reconnects=getattr(source, "reconnects", 0),
-        prequential_hr=float(np.mean(hr_values)) if hr_values else None,
         history=history,
         cluster=run_summary.cluster_counts(rec_model),
         **run_summary.outputs(chosen),
@@ -292,7 +308,7 @@ ONLINE_FLAGS = (
     FlagSpec("export_dir", "Folder of SavedModel versions."),
     FlagSpec("keep_exports", "Export versions kept.", checks=(POSITIVE,)),
     FlagSpec("batch_size", "Events per training step.", checks=(POSITIVE,)),
-    *core.at(ncf_flags.SHARED_FLAGS, num_neg="model.num_neg"),
+    *core.at(ncf_flags.SHARED_FLAGS, num_neg="model.num_neg", top_k="top_k"),
     FlagSpec(
         "user_capacity",
         "Rows of the user hash table.",
@@ -343,15 +359,19 @@ ONLINE_FLAGS = (
         checks=(POSITIVE_OR_UNSET,),
     ),
     FlagSpec(
-        "prequential_events",
-        "Events per batch scored before training.",
-        field="model.prequential_events",
-        checks=(POSITIVE,),
+        "prequential_every",
+        "Score 1 event in this many (chosen by a hash of the event) before training on "
+        "it: the prequential protocol (1: every event, 0: none).",
+        checks=(NON_NEGATIVE,),
     ),
     FlagSpec(
         "prequential_negatives",
-        "Negatives each scored event is ranked against.",
-        field="model.prequential_negatives",
+        "Items drawn from those seen before each scored event to rank it against.",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "prequential_window_events",
+        "Events per window of the prequential curve (summary, TensorBoard).",
         checks=(POSITIVE,),
     ),
     FlagSpec("sink_size", "Steps per graph call.", checks=(POSITIVE,)),
@@ -450,7 +470,7 @@ def main(argv: list[str]) -> None:
             print(f"error: {error}", file=sys.stderr, flush=True)
             os._exit(1)
     logging.info("online training ran %.1f s", time.perf_counter() - start)
-    print(run_summary.summary_line(summary, config.model.top_k))
+    print(run_summary.summary_line(summary))
 
 
 def run_main() -> None:

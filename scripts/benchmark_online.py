@@ -29,7 +29,8 @@ other ratings into a stream in timestamp order, and measures
 - capacity: --capacity_ids events of as many new users trained on clusters of 1, 2
   and 4 ps tasks (--capacity_ps) and one worker: the user rows each ps task holds and
   its peak RSS, so that the split of the model shows in memory;
-- accuracy: the prequential HR@10 curve of the full pass, then HR@10 of the final
+- accuracy: the prequential protocol's curve of the full pass (HR@10, NDCG@10, AUC by
+  window of the stream, and by cold and warm users), then HR@10 of the final
   export against the 999 negatives, beside offline NeuMF trained for
   --offline_epochs epoch(s) with the same network on the same split (ratio).
 
@@ -768,12 +769,24 @@ def _plot_freshness(fresh: dict, plot_dir: str, cpu: str) -> str:
 
 
 def _print_accuracy(full, full_hr: float, offline) -> None:
-    print("prequential HR@10 (first 64 events of each batch, 99 sampled negatives), full pass:")
-    print("   events | HR@10")
-    history = full[0]["history"]
-    for record in history[:: max(1, len(history) // 10)] + history[-1:]:
-        print(f"{record['events']:9,} | {record.get('hr', float('nan')):.4f}")
-    print(f"mean over the pass: {full[0]['prequential_hr']:.4f}\n")
+    results = full[0]["prequential"]
+    print(
+        f"prequential HR@10 (recommendation/online/prequential.py: 1 event in "
+        f"{results['every']}, {results['negatives']} negatives), full pass, by window:"
+    )
+    print(" from event | scored | HR@10  | NDCG@10 | AUC")
+    for window in results["windows"]:
+        print(
+            f"{window['start']:11,} | {window['scored']:6,} | {window['hr']:.4f} | "
+            f"{window['ndcg']:.4f}  | {window['auc']:.4f}"
+        )
+    for cohort in ("all", "cold", "warm"):
+        numbers = results[cohort]
+        print(
+            f"{cohort:>4} ({numbers['scored']:,} scored): HR@10 {numbers['hr']:.4f}, "
+            f"NDCG@10 {numbers['ndcg']:.4f}, AUC {numbers['auc']:.4f}"
+        )
+    print()
 
     print("final HR@10, 999 negatives, last interaction per user:")
     print(f"  online, one pass (final export)         {full_hr:.4f}")

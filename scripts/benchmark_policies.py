@@ -7,8 +7,9 @@ distinct users, on a realistic stream (`recommendation.data.event_stream_data`).
 It writes the stream once (deterministic by --seed), then runs ``ncf-online`` over it
 for every policy of --policies with the user table at each fraction of --fractions of
 the distinct users (the item table holds every item), and prints for each run: the
-prequential HR@10 (the mean of the metric reports, one every --log_every_secs), the
-events/s, the user ids evicted and refused, and the peak RSS.
+prequential HR@10 (`recommendation/online/prequential.py`: 1 event in 8, over the
+stream) with that of cold and warm users, the events/s, the user ids evicted and
+refused, and the peak RSS.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def main(argv: list[str]) -> None:
         print(
             f"\n{FLAGS.num_events:,} events, {FLAGS.num_users:,} users, {FLAGS.num_items:,} "
             f"items (seed {FLAGS.seed})\n\n| user capacity | policy | prequential HR@10 "
-            "| events/s | users evicted | users refused | peak RSS MB |\n"
-            "|---|---|---|---|---|---|---|"
+            "| cold | warm | events/s | users evicted | users refused | peak RSS MB |\n"
+            "|---|---|---|---|---|---|---|---|---|"
         )
         for fraction in FLAGS.fractions:
             capacity = max(1, int(float(fraction) * FLAGS.num_users))
@@ -67,9 +68,13 @@ def main(argv: list[str]) -> None:
                     ),
                 )
                 users = run["summary"]["tables"]["user"]
-                hr = run["summary"]["prequential_hr"]
+                hr = {
+                    cohort: run["summary"]["prequential"][cohort]["hr"]
+                    for cohort in ("all", "cold", "warm")
+                }
                 print(
-                    f"| {capacity:,} ({fraction}) | {policy} | {hr:.4f} "
+                    f"| {capacity:,} ({fraction}) | {policy} | {hr['all']:.4f} "
+                    f"| {hr['cold']:.4f} | {hr['warm']:.4f} "
                     f"| {run['events_per_second']:,.0f} | {users['evicted']:,} "
                     f"| {users['refused']:,} | {run['peak_rss'] / 2**20:,.0f} |",
                     flush=True,

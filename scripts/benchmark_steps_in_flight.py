@@ -22,7 +22,7 @@ trainers taking turns for --repeats rounds:
 For each: events/s after the first sink (tracing left out), the coordinator's
 milliseconds per step (resolving ids to rows, scheduling, waiting for the workers),
 the drains, each table's evictions and refused admissions, and the prequential HR@10
-(the trainer's own metric of each batch's first events). The load average is printed
+(`recommendation/online/prequential.py`, 1 event in 8). The load average is printed
 beside the numbers: the machine is shared.
 """
 
@@ -72,7 +72,7 @@ def _chief(mode: str, out: str) -> None:
     numbers of the module docstring to `out`."""
     import tensorflow as tf
 
-    from recommendation.online import cluster, online_ncf
+    from recommendation.online import callbacks, cluster, online_ncf, prequential
     from recommendation.online.callback_base import Callback
 
     events = replay_events.load_events(FLAGS.ratings, movielens.DAT_FORMAT)[: FLAGS.events]
@@ -98,18 +98,20 @@ def _chief(mode: str, out: str) -> None:
 
     class Clock(Callback):
         def on_train_batch_end(self, batch, logs=None):
-            marks.append((time.perf_counter(), logs["events"], logs.get("hr")))
+            marks.append((time.perf_counter(), logs["events"]))
 
-    summary = rec_model.online_train(batches, [Clock()], sink_size=4)
-    (start, first, _), (end, last, _) = marks[0], marks[-1]
-    hits = [hr for _, _, hr in marks if hr is not None]
+    chosen = [Clock()]
+    if hasattr(callbacks, "PrequentialEvaluation"):  # (a --trees checkout may not have it)
+        chosen.append(callbacks.PrequentialEvaluation(prequential.Prequential()))
+    summary = rec_model.online_train(batches, chosen, sink_size=4)
+    (start, first), (end, last) = marks[0], marks[-1]
     steps = rec_model.cluster
     result = {
         "events_per_second": (last - first) / (end - start),
         "steps": summary["steps"],
         "drains": getattr(steps, "drains", None),
         "ms_per_step": steps.ms_per_step(),
-        "prequential_hr": float(np.mean(hits)) if hits else None,
+        "prequential_hr": chosen[1].protocol.results()["all"]["hr"] if chosen[1:] else None,
         "tables": {t.name: t.counts() for t in tables},
     }
     with open(out, "w") as stream:
@@ -206,12 +208,17 @@ def _print(runs: dict[str, list[dict]]) -> None:
             f"{ms['schedule']:8.1f} | {ms['wait']:4.1f} | {results[-1]['drains'] or 0:6} | "
             f"{users['evicted']:>11,} / {users['refused']:<9,} | "
             f"{items['evicted']:>11,} / {items['refused']:<9,} | "
-            f"{np.mean([run['prequential_hr'] for run in results]):.4f}"
+            f"{_mean(run['prequential_hr'] for run in results)}"
         )
     print("runs (events/s): " + "; ".join(
         f"{mode} " + ", ".join(f"{run['events_per_second']:,.0f}" for run in results)
         for mode, results in runs.items()
     ))  # fmt: skip
+
+
+def _mean(values) -> str:
+    values = [value for value in values if value is not None]
+    return f"{np.mean(values):.4f}" if values else "n/a"
 
 
 def main(argv: list[str]) -> None:

@@ -32,8 +32,6 @@ PARAMS = online_ncf.OnlineParams(
     layers=(8, 4),
     mlp_regularization=(0.0, 0.0),
     num_neg=1,
-    prequential_events=4,
-    prequential_negatives=3,
     user_eviction="ttl:8",
     item_eviction="lru",
 )

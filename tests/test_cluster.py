@@ -42,8 +42,6 @@ PARAMS = online_ncf.OnlineParams(
     mf_dim=4,
     layers=(8, 4),
     mlp_regularization=(0.0, 0.0),
-    prequential_events=8,
-    prequential_negatives=5,
 )
 
 

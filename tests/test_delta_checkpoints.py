@@ -29,8 +29,6 @@ MODEL = online_ncf.OnlineParams(
     user_capacity=40,
     item_capacity=48,
     permit_filter_value=2,
-    prequential_events=4,
-    prequential_negatives=5,
 )
 
 

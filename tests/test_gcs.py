@@ -171,7 +171,6 @@ ONLINE_FLAGS = [
     "--layers=8,4",
     "--user_capacity=512",
     "--item_capacity=256",
-    "--prequential_events=8",
     "--prequential_negatives=9",
     "--batch_size=64",
     "--sink_size=1",

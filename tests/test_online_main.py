@@ -38,15 +38,12 @@ MODEL = online_ncf.OnlineParams(
     mlp_regularization=(0.0, 0.0),
     user_capacity=512,
     item_capacity=256,
-    prequential_events=8,
-    prequential_negatives=9,
 )
 MODEL_FLAGS = [
     "--num_factors=4",
     "--layers=8,4",
     "--user_capacity=512",
     "--item_capacity=256",
-    "--prequential_events=8",
     "--prequential_negatives=9",
     f"--batch_size={BATCH}",
     "--sink_size=1",
@@ -734,7 +731,7 @@ def test_the_final_line_says_lost_events_are_unknown_where_some_may_be_uncounted
         "events": 1000,
         "seconds": 2.0,
         "steps": 16,
-        "prequential_hr": None,
+        "prequential": None,
         "dead_letters": 0,
         "lost_events": 3,
         "lost_events_exact": True,
@@ -745,7 +742,7 @@ def test_the_final_line_says_lost_events_are_unknown_where_some_may_be_uncounted
         "failed_tensorboard_writes": 0,
         "stopped_by": "callback",
     }
-    counted = run_summary.summary_line(summary, 10)
+    counted = run_summary.summary_line(summary)
     assert ", dead letters 0, lost events 3, reconnects 0, stopped by callback" in counted
-    uncounted = run_summary.summary_line({**summary, "lost_events_exact": False}, 10)
+    uncounted = run_summary.summary_line({**summary, "lost_events_exact": False})
     assert ", lost events unknown (3 counted: see the warnings), reconnects 0, " in uncounted

@@ -1,12 +1,9 @@
-"""Online NeuMF's test-then-train step on hand-built tables: prequential HR@1 and NDCG@1
-with the model as it was before the batch, new ids on the default rows, negatives.
+"""Online NeuMF on hand-built tables: raw ids scored by the model as it is, and each
+sink scored by the prequential protocol before it trains, new ids on the default rows.
 
 Every model here scores a (user, item) pair by the dot product of the two rows' GMF
 halves (the logit reads the GMF product only, with weight 1 and no bias), and the
-rows are set by hand, so each event's hit follows from a few products. The held-out
-item loses ties (`neumf_model.compute_hr_ndcg`); with 20 negatives drawn from the
-item table, a batch is scored the same way whatever the draws, but for draws of
-probability 10**-20 or less.
+rows are set by hand, so each score follows from a few products.
 """
 
 from __future__ import annotations
@@ -18,34 +15,34 @@ import numpy as np
 import tensorflow as tf
 
 from recommendation.data import constants
-from recommendation.online import online_ncf
+from recommendation.online import callbacks, online_ncf, prequential
 from recommendation.online.hash_embedding import HashEmbedding
 
 MF_DIM, MLP_HALF = 2, 2
+PARAMS = dict(
+    mf_dim=MF_DIM,
+    layers=(2 * MLP_HALF, 2),
+    mlp_regularization=(0.0, 0.0),
+    user_capacity=8,
+    item_capacity=16,
+)
 
 
-def _model(**overrides) -> online_ncf.OnlineNeuMF:
-    keras.utils.set_random_seed(0)
-    settings = dict(
-        mf_dim=MF_DIM,
-        layers=(2 * MLP_HALF, 2),
-        mlp_regularization=(0.0, 0.0),
-        user_capacity=8,
-        item_capacity=16,
-        prequential_events=8,
-        prequential_negatives=20,
-        top_k=1,
-    )
-    params = online_ncf.OnlineParams(**{**settings, **overrides})
-    model = online_ncf.build_online_model(params)
+def _hand_built(model) -> None:
+    """The logit reads the GMF product only; a row given to an id by training is all
+    ones (scored with it, a new id would score otherwise than with the default row)."""
     kernel = np.zeros((MF_DIM + 2, 1), np.float32)
     kernel[:MF_DIM] = 1.0  # the logit is the sum of the GMF product
     model.logit.kernel.assign(kernel)
     model.logit.bias.assign(np.zeros(1, np.float32))
-    # A row given to an id by this batch would be all ones: scored with it, a new id
-    # would score otherwise than with the default (zero) row.
     model.user_embedding.initializer = keras.initializers.Constant(1.0)
     model.item_embedding.initializer = keras.initializers.Constant(1.0)
+
+
+def _model(**overrides) -> online_ncf.OnlineNeuMF:
+    keras.utils.set_random_seed(0)
+    model = online_ncf.build_online_model(online_ncf.OnlineParams(**{**PARAMS, **overrides}))
+    _hand_built(model)
     return model
 
 
@@ -59,68 +56,57 @@ def _admit(embedding, rows: dict[int, tuple[float, float]]) -> None:
     embedding.embeddings.assign(table)
 
 
-def _test_then_train(model, events: list[tuple[int, int]]) -> dict[str, float]:
-    """One step's resolve (admitting the batch) and scores, as RecModel runs it."""
-    users, items = zip(*events, strict=True)
-    batch = {
-        constants.USER_COLUMN: tf.constant(users, tf.int64),
-        constants.ITEM_COLUMN: tf.constant(items, tf.int64),
-    }
-    outputs = model(model.resolve(batch, training=True), training=True)
-    return {key: float(value) for key, value in outputs.items()}
-
-
 def _has_row(embedding, key: int) -> bool:
     return int(embedding.slots(tf.constant([key], tf.int64))[0]) >= 0
 
 
-def test_prequential_hr_and_ndcg_on_a_hand_built_batch():
+def test_candidates_are_scored_by_the_model_as_it_is_without_admitting_any():
     model = _model()
     _admit(model.user_embedding, {1: (1.0, 1.0), 2: (0.0, 1.0)})
-    # Item 100 scores 0 for user 1 and -1 for user 2; items 200-208 score -2 and -1.
-    _admit(model.item_embedding, {100: (1.0, -1.0), **{200 + i: (-1.0, -1.0) for i in range(9)}})
-    logs = _test_then_train(
-        model,
-        [
-            (1, 100),  # 0 beats every 200s item (-2): a hit at rank 0
-            (1, 200),  # -2: item 100 (0) or another 200s item (a tie) ranks above it
-            (3, 100),  # a new user: the default row ties everything, and ties lose
-            (2, 999),  # a new item: the default row's 0 beats -1 everywhere
-        ],
-    )
-    assert logs["hr"] == 0.5 and logs["ndcg"] == 0.5
-    assert np.isfinite(logs["loss"])
+    _admit(model.item_embedding, {100: (1.0, -1.0), 200: (-1.0, -1.0)})
+    users = tf.constant([1, 2, 3], tf.int64)  # user 3 and item 999 have no row
+    candidates = tf.constant([[100, 200, 999], [100, 200, 999], [100, 200, 999]], tf.int64)
+    scores = model.score_candidates(users, candidates).numpy()
+    np.testing.assert_array_equal(scores, [[0.0, -2.0, 0.0], [-1.0, -1.0, 0.0], [0, 0, 0]])
+    assert not _has_row(model.user_embedding, 3) and not _has_row(model.item_embedding, 999)
 
 
-def test_new_ids_read_the_default_rows_until_their_batch_is_scored():
-    model = _model()
-    _admit(model.user_embedding, {2: (0.0, 1.0)})
-    _admit(model.item_embedding, {100: (1.0, -1.0), **{200 + i: (-1.0, -1.0) for i in range(9)}})
-    # With the ones row this batch admits, user 3 would score 0 on item 100 against
-    # -2 on the rest: a hit. On the default row it ties everything: a miss.
-    logs = _test_then_train(model, [(3, 100), (2, 999)])
-    assert logs["hr"] == 0.5
-    # The same step admitted them: they were scored before, not for want of a row.
-    assert _has_row(model.user_embedding, 3) and _has_row(model.item_embedding, 999)
-
-
-def test_negatives_are_never_the_events_item_even_in_a_row_the_batch_reuses_for_it():
-    model = _model(item_capacity=2, evict_filter_value=1)
-    _admit(model.user_embedding, {1: (1.0, 1.0)})
-    _admit(model.item_embedding, {100: (-2.0, -2.0), 200: (-1.0, -1.0)})  # item step 1
-    model.item_embedding.slots(tf.constant([200], tf.int64), training=True)  # step 2
-    # Step 3 evicts item 100 (unseen for 2 steps) and gives its row to the new item
-    # 999 (with a ones row, scoring 2). The negatives were drawn before: those drawn
-    # in item 100's row must score as item 100 (-4), never as item 999.
-    logs = _test_then_train(
-        model,
-        [
-            (1, 999),  # the default row's 0 beats item 100 (-4) and item 200 (-2)
-            (1, 200),  # -2 beats item 100; draws of item 200 itself are not counted
-        ],
-    )
-    assert logs["hr"] == 1.0 and logs["ndcg"] == 1.0
-    assert not _has_row(model.item_embedding, 100) and _has_row(model.item_embedding, 999)
+def test_a_sink_is_scored_by_the_protocol_before_it_trains():
+    """Every event scored (``every=1``) against 1 negative, HR@1; the rows of users 1
+    and 2 and items 100 and 200 are set by hand, user 3 is new: it is scored with the
+    default row, then admitted by the training of its sink."""
+    params = online_ncf.OnlineParams(**PARAMS, num_neg=1)
+    keras.utils.set_random_seed(0)
+    rec_model = online_ncf.build_rec_model(params)
+    model = rec_model.network
+    _hand_built(model)
+    _admit(model.user_embedding, {1: (1.0, 1.0), 2: (0.0, 1.0)})
+    _admit(model.item_embedding, {100: (1.0, -1.0), 200: (-1.0, -1.0)})
+    events = [(1, 100, 0), (1, 200, 1), (2, 100, 2), (3, 200, 3)]
+    users, items, times = (np.array(column, np.int64) for column in zip(*events, strict=True))
+    batch = {constants.USER_COLUMN: users, constants.ITEM_COLUMN: items}
+    batch[constants.TIME_COLUMN] = times
+    protocol = prequential.Prequential(every=1, negatives=1, top_k=1)
+    rec_model.online_train([batch], [callbacks.PrequentialEvaluation(protocol)], sink_size=1)
+    # The negatives the protocol drew (a plan of the same events is the same plan):
+    # event 1 has only item 100 before it, events 2 and 3 draw from [100, 200].
+    plan = prequential.Prequential(every=1, negatives=1, top_k=1).plan(users, items, times)
+    drawn = plan.candidates[:, 1].tolist()
+    assert plan.positions.tolist() == [1, 2, 3] and drawn[0] == 100
+    # Event 1: user 1 scores item 200 at -2 and item 100 at 0: a miss, AUC 0.
+    # Event 2: user 2 scores items 100 and 200 alike (-1): a tie loses, AUC 1/2.
+    # Event 3: the new user's default row scores every item 0: a tie, AUC 1/2.
+    # A draw of the event's own item is no rival: then a hit, and no AUC.
+    hits = [False, drawn[1] == 100, drawn[2] == 200]
+    aucs = [0.0] + [0.5 for rival, own in zip(drawn[1:], (100, 200), strict=True) if rival != own]
+    results = protocol.results()
+    assert results["all"] == {
+        "scored": 3,
+        "hr": sum(hits) / 3,
+        "ndcg": sum(hits) / 3,
+        "auc": sum(aucs) / len(aucs),
+    }
+    assert _has_row(model.user_embedding, 3)  # admitted by the sink, after its scoring
 
 
 def test_a_config_round_trip_builds_the_same_hash_tables():

@@ -17,7 +17,13 @@ from conftest import run_module_on_a_tmpfs
 from tensorboard.compat.proto import event_pb2
 
 from recommendation import online_main
-from recommendation.online import callbacks, online_ncf, run_summary, versioned_export
+from recommendation.online import (
+    callbacks,
+    online_ncf,
+    prequential,
+    run_summary,
+    versioned_export,
+)
 from recommendation.online_main import OnlineConfig
 
 MODEL = online_ncf.OnlineParams(
@@ -26,8 +32,6 @@ MODEL = online_ncf.OnlineParams(
     mlp_regularization=(0.0, 0.0),
     user_capacity=16,
     item_capacity=64,
-    prequential_events=8,
-    prequential_negatives=9,
 )
 
 
@@ -76,11 +80,19 @@ def test_a_full_table_refusing_new_ids_is_counted_reported_and_warned_about(tmp_
         "user": {"ids": 16, "capacity": 16, "admitted": 16, "evicted": 0, "refused": 128},
         "item": {"ids": 8, "capacity": 64, "admitted": 8, "evicted": 0, "refused": 0},
     }
-    line = run_summary.summary_line(summary, 10)
+    line = run_summary.summary_line(summary)
     assert (
         ", users 16/16 (128 refused, 0 evicted), items 8/64 (0 refused, 0 evicted), stopped by"
         in line
     )
+    # The protocol scored the events it chooses, whatever the batches: the refused
+    # users (default rows) are cold.
+    users, items = zip(*rows, strict=True)
+    chosen = prequential.Prequential().plan(users, items, range(len(rows)))
+    results = summary["prequential"]
+    assert results["all"]["scored"] == chosen.size == 31
+    assert results["cold"]["scored"] == int(chosen.cold.sum())
+    assert f"prequential HR@10={results['all']['hr']:.4f} (cold " in line
     messages = [record.getMessage() for record in caplog.records]
     # Once, at the first refusal; the next comes minutes later at the earliest.
     assert [m for m in messages if "table is full" in m] == [
@@ -94,6 +106,7 @@ def test_a_full_table_refusing_new_ids_is_counted_reported_and_warned_about(tmp_
     tensorboard = _scalars(tmp_path / "model")
     assert tensorboard["user_refused"] == [128.0] and tensorboard["item_ids"] == [8.0]
     assert "events_per_second" in tensorboard and "loss" in tensorboard
+    assert tensorboard["prequential_hr"] == [pytest.approx(results["all"]["hr"], rel=1e-6)]
 
 
 def test_an_export_that_cannot_be_written_costs_no_training_and_is_retried(tmp_path, caplog):

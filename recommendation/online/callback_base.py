@@ -1,5 +1,6 @@
-"""What RecModel calls back: `Callback`, a Keras callback that also sees the RecModel
-and a stream's quiet periods, and `CallbackList`, which calls every callback given.
+"""What RecModel calls back: `Callback`, a Keras callback that also sees the RecModel,
+each sink before it trains and a stream's quiet periods, and `CallbackList`, which
+calls every callback given.
 """
 
 from __future__ import annotations
@@ -10,16 +11,22 @@ import keras
 
 if TYPE_CHECKING:
     from recommendation.online.rec_model import RecModel
+    from recommendation.online.stream_batches import BatchGroup
 
 
 class Callback(keras.callbacks.Callback):
-    """A Keras callback that also sees the RecModel (``self.rec_model``) and quiet
-    periods of a stream (`on_idle`)."""
+    """A Keras callback that also sees the RecModel (``self.rec_model``), each sink's
+    batches before they train (`on_sink_begin`) and quiet periods of a stream
+    (`on_idle`)."""
 
     rec_model: RecModel | None = None
 
     def set_rec_model(self, rec_model: RecModel) -> None:
         self.rec_model = rec_model
+
+    def on_sink_begin(self, group: BatchGroup) -> None:
+        """Called with each sink's batches (`stream_batches.BatchGroup`) before the
+        model trains on them: where test-then-train evaluation scores them."""
 
     def on_idle(self, logs: dict | None = None) -> None:
         """Called while the stream has no new data (about once per source poll)."""

@@ -1,7 +1,7 @@
 """Ready-made callbacks for `RecModel.online_train`: checkpoint (with the stream
-offsets, then commit), periodic export, metric logging (log line, history, TensorBoard),
-the hash tables watched, stopping, an audit log of the trained events and a report of
-the restored state."""
+offsets, then commit), periodic export, test-then-train evaluation, metric logging (log
+line, history, TensorBoard), the hash tables watched, stopping, an audit log of the
+trained events and a report of the restored state."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from absl import logging
 from official.core import model_dir, writer_lease
 from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc.write_failures import WriteFailures
-from recommendation.online import delta_checkpoints, versioned_export
+from recommendation.data import constants
+from recommendation.online import delta_checkpoints, prequential, versioned_export
 from recommendation.online.callback_base import Callback
 from recommendation.online.online_ncf import OnlineNeuMF
 from recommendation.online.rec_model import RecModel
@@ -195,6 +196,52 @@ class ExportCallback(_Periodic):
             logging.info("exported %s", path)
             return path
         return None
+
+
+class PrequentialEvaluation(Callback):
+    """Test, then train, by one protocol for every system (`prequential`): before each
+    sink trains, its chosen events are scored against their candidates with the model
+    as it is (`OnlineNeuMF.score_candidates`). Within a sink every step is scored
+    before the first trains (a sink's later steps see a model up to `sink_size` - 1
+    steps older than they would step by step).
+
+    Args:
+        protocol: The protocol's state over this stream.
+    """
+
+    def __init__(self, protocol: prequential.Prequential) -> None:
+        super().__init__()
+        self.protocol = protocol
+
+    def on_sink_begin(self, group) -> None:
+        columns = (constants.USER_COLUMN, constants.ITEM_COLUMN, constants.TIME_COLUMN)
+        stacked = group.stacked
+        times = stacked.get(constants.TIME_COLUMN)
+        plans = []
+        for step in range(group.num_steps):
+            users, items = (np.ravel(stacked[column][step]) for column in columns[:2])
+            when = np.zeros_like(users) if times is None else np.ravel(times[step])
+            plans.append(self.protocol.plan(users, items, when))
+        users = np.concatenate([plan.users for plan in plans])
+        if not len(users):
+            return
+        candidates = np.concatenate([plan.candidates for plan in plans])
+        scores = self.rec_model.network.score_candidates(users, candidates).numpy()
+        start = 0
+        for plan in plans:
+            self.protocol.record(plan, scores[start : start + plan.size])
+            start += plan.size
+
+    def gauges(self) -> dict[str, float]:
+        """The protocol's numbers over the stream so far, for a metric report:
+        ``prequential_hr``, ``..._ndcg``, ``..._auc``, ``..._hr_cold``, ``..._hr_warm``
+        (those scored yet)."""
+        results = self.protocol.results()
+        values = {f"prequential_{key}": results["all"][key] for key in ("hr", "ndcg", "auc")}
+        values.update(
+            prequential_hr_cold=results["cold"]["hr"], prequential_hr_warm=results["warm"]["hr"]
+        )
+        return {key: value for key, value in values.items() if value is not None}
 
 
 class MetricLogger(Callback):

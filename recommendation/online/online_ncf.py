@@ -1,21 +1,12 @@
-"""Online NeuMF: hash-embedded users and items, in-graph negatives, prequential HR@k.
+"""Online NeuMF: hash-embedded users and items, in-graph negatives.
 
-Each training step takes a batch of (user, item) events and
-
-1. tests: scores the first `prequential_events` events against
-   `prequential_negatives` items drawn from the item table, with the model as it is
-   before the batch: the rows are read before the batch admits any id or evicts any
-   row, so events of new users or items read the default rows and a negative whose
-   row the batch evicts and hands to another id is scored with its own row; a draw
-   equal to the event's item is not counted. It reports HR@k and NDCG@k (the offline
-   metric, `neumf_model.compute_hr_ndcg`);
-2. trains: admits the batch's ids (`HashEmbedding`), draws `num_neg` negatives per
-   event from the items seen so far (the occupied item rows; a draw equal to the
-   event's item is masked out), and returns the mean sigmoid cross-entropy.
-
-The id-to-row stage (`resolve`: hash tables, sampling, and the test rows' values) is
-separate from the scoring (`call`: gathers and dense layers), so RecModel can
-XLA-compile the latter.
+Each training step takes a batch of (user, item) events, admits the batch's ids
+(`HashEmbedding`), draws `num_neg` negatives per event from the items seen so far (the
+occupied item rows; a draw equal to the event's item is masked out), and returns the
+mean sigmoid cross-entropy. The id-to-row stage (`resolve`: hash tables and sampling)
+is separate from the scoring (`call`: gathers and dense layers), so RecModel can
+XLA-compile the latter. `score_candidates` scores raw ids without admitting any, as
+the prequential protocol (`prequential`) and serving read the model.
 """
 
 from __future__ import annotations
@@ -46,9 +37,6 @@ class OnlineParams:
         permit_filter_value, evict_filter_value, max_norm, admit_probability:
             `HashEmbedding` filters.
         num_neg: Training negatives per event.
-        prequential_events: Events per batch scored before training on it.
-        prequential_negatives: Negatives each of them is ranked against.
-        top_k: k of HR@k and NDCG@k.
         learning_rate, beta1, beta2, epsilon: Lazy Adam.
     """
 
@@ -65,9 +53,6 @@ class OnlineParams:
     admit_probability: float = 1.0
     max_norm: float | None = None
     num_neg: int = 4
-    prequential_events: int = 64
-    prequential_negatives: int = 99
-    top_k: int = hyperparams.ModelParams.top_k
     learning_rate: float = hyperparams.ModelParams.learning_rate
     beta1: float = hyperparams.ModelParams.beta1
     beta2: float = hyperparams.ModelParams.beta2
@@ -83,8 +68,7 @@ class OnlineNeuMF(network.NeuMF):
     Call args (of `call`, after `resolve`):
         resolved: The dict `resolve` returns.
     Returns:
-        dict of scalars: ``loss`` (mean over valid points), ``hr`` and ``ndcg``
-        (prequential, over the scored events).
+        dict of scalars: ``loss`` (mean over valid points).
     """
 
     def __init__(
@@ -98,9 +82,6 @@ class OnlineNeuMF(network.NeuMF):
         evict_filter_value: int | None = OnlineParams.evict_filter_value,
         max_norm: float | None = OnlineParams.max_norm,
         num_neg: int = OnlineParams.num_neg,
-        prequential_events: int = OnlineParams.prequential_events,
-        prequential_negatives: int = OnlineParams.prequential_negatives,
-        top_k: int = OnlineParams.top_k,
         user_eviction: str | None = OnlineParams.user_eviction,
         item_eviction: str | None = OnlineParams.item_eviction,
         admit_probability: float = OnlineParams.admit_probability,
@@ -136,41 +117,22 @@ class OnlineNeuMF(network.NeuMF):
             item_embedding=hash_table(item_capacity, item_eviction, "embedding_item", 1),
             **kwargs,
         )
-        self.num_neg, self.top_k = num_neg, top_k
-        self.prequential_events = prequential_events
-        self.prequential_negatives = prequential_negatives
+        self.num_neg = num_neg
 
     # No control flow over tensors: AutoGraph's conversion would only cost start-up time.
     @tf.autograph.experimental.do_not_convert
     def resolve(self, data: dict, training: bool = False) -> dict:
-        """Ids to rows. First the prequential test: its rows' values are read before
-        anything of this batch is admitted or evicted (they get no gradient); then the
-        training rows (admitting, refreshing, evicting when `training`) and the
-        negatives."""
+        """Ids to rows: the training rows (admitting, refreshing, evicting when
+        `training`) and the negatives."""
         users = tf.reshape(data[constants.USER_COLUMN], [-1])
         items = tf.reshape(data[constants.ITEM_COLUMN], [-1])
         times = data.get(constants.TIME_COLUMN)  # for event-time eviction
         times = None if times is None else tf.reshape(times, [-1])
-        tested = tf.minimum(self.prequential_events, tf.size(users))
-        block = self.prequential_negatives
-        negative_keys, negative_rows = self.item_embedding.sample_slots(tested * block)
-        negative_keys = tf.reshape(negative_keys, [-1, block])
-        held_out = self.item_embedding.slots(items[:tested])[:, None]
-        test_items = tf.concat([tf.reshape(negative_rows, [-1, block]), held_out], axis=1)
-        # A drawn negative equal to the held-out item would tie with it: not counted.
-        duplicates = tf.concat(
-            [negative_keys == items[:tested, None], tf.zeros([tested, 1], tf.bool)], axis=1
-        )
-        test_user_rows = self.user_embedding(users[:tested], training=False)
-        test_item_rows = self.item_embedding(test_items, by_slot=True)
         user_rows = self.user_embedding.slots(users, training, times)
         item_rows = self.item_embedding.slots(items, training, times)
         train_keys, train_rows = self.item_embedding.sample_slots(tf.size(items) * self.num_neg)
         valid = (train_keys != tf.repeat(items, self.num_neg)) & (train_rows >= 0)
         return {
-            "test_users": tf.stop_gradient(test_user_rows),
-            "test_items": tf.stop_gradient(test_item_rows),
-            "test_duplicates": duplicates,
             "users": user_rows,
             "items": item_rows,
             "negatives": train_rows,
@@ -206,21 +168,22 @@ class OnlineNeuMF(network.NeuMF):
         )
         loss = neumf_model.weighted_sigmoid_cross_entropy(logits, labels, valid)
         loss /= tf.maximum(tf.reduce_sum(valid), 1.0)
-        block = self.prequential_negatives + 1
-        test_items = resolved["test_items"]
-        test_logits = self.score(
-            tf.repeat(resolved["test_users"], block, axis=0),
-            tf.reshape(test_items, [-1, test_items.shape[-1]]),
+        return {"loss": loss}
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)]
+    )
+    def score_candidates(self, users: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:
+        """Logits (float32, `(n, m)`) of each of `users` (raw ids, `(n,)`) with each of
+        its `candidates` (raw item ids, `(n, m)`), by the model as it is: nothing is
+        admitted, and ids without a row score with the default row."""
+        user = self.user_embedding(users, training=False)
+        items = self.item_embedding(candidates, training=False)
+        count = tf.shape(candidates)[1]
+        logits = self.score(
+            tf.repeat(user, count, axis=0), tf.reshape(items, [-1, tf.shape(items)[-1]])
         )
-        test_logits = tf.reshape(tf.cast(test_logits, tf.float32), [-1, block])
-        hits, gains = neumf_model.compute_hr_ndcg(
-            test_logits, resolved["test_duplicates"], self.top_k
-        )
-        return {
-            "loss": loss,
-            "hr": tf.reduce_mean(hits),
-            "ndcg": tf.reduce_mean(gains),
-        }
+        return tf.reshape(tf.cast(logits, tf.float32), [-1, count])
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -245,9 +208,6 @@ class OnlineNeuMF(network.NeuMF):
             admit_probability=self.user_embedding.admit_probability,
             max_norm=self.user_embedding.max_norm,
             num_neg=self.num_neg,
-            prequential_events=self.prequential_events,
-            prequential_negatives=self.prequential_negatives,
-            top_k=self.top_k,
         )
         return config
 
@@ -281,9 +241,6 @@ def build_online_model(
         params.evict_filter_value,
         params.max_norm,
         params.num_neg,
-        params.prequential_events,
-        params.prequential_negatives,
-        params.top_k,
         params.user_eviction,
         params.item_eviction,
         params.admit_probability,

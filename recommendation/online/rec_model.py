@@ -400,6 +400,7 @@ class RecModel(cluster.ClusterTraining):
                     if group is None:
                         callback_list.on_idle(logs)
                     else:
+                        callback_list.on_sink_begin(group)
                         logs = self._run_group(group)
                         if has_position[0]:
                             self.position = group.position

@@ -26,18 +26,21 @@ def cluster_counts(rec_model: RecModel) -> dict | None:
 
 
 def outputs(chosen: list[Callback]) -> dict:
-    """The summary's tables (`TableWatch.counts`), the count and mean seconds and
-    bytes of the full checkpoints, of the deltas and of the exports (None: none
+    """The summary's tables (`TableWatch.counts`), the prequential protocol's numbers
+    (`prequential.Prequential.results`; None without one), the count and mean seconds
+    and bytes of the full checkpoints, of the deltas and of the exports (None: none
     made), and the side writes that failed."""
     found = {type(callback): callback for callback in chosen}
     export = found.get(callbacks.ExportCallback)
     checkpoint = found[callbacks.CheckpointCallback]
+    evaluation = found.get(callbacks.PrequentialEvaluation)
 
     def mean(values: list[float]) -> float | None:
         return float(np.mean(values)) if values else None
 
     return {
         "tables": found[callbacks.TableWatch].counts(),
+        "prequential": evaluation.protocol.results() if evaluation else None,
         "checkpoints": {
             kind: {
                 "count": len(checkpoint.seconds[kind]),
@@ -52,18 +55,33 @@ def outputs(chosen: list[Callback]) -> dict:
     }
 
 
-def summary_line(summary: dict, top_k: int) -> str:
+def summary_line(summary: dict) -> str:
     """The one-line result a user reads at the end."""
     rate = summary["events"] / max(summary["seconds"], 1e-9)
-    hr = summary["prequential_hr"]
     return (
         f"online: {summary['events']:,} events in {summary['seconds']:.1f} s "
-        f"({rate:,.0f} events/s), step {summary['steps']}, prequential HR@{top_k}="
-        f"{'n/a' if hr is None else f'{hr:.4f}'}, dead letters {summary['dead_letters']}, "
+        f"({rate:,.0f} events/s), step {summary['steps']}, {_prequential(summary)}"
+        f"dead letters {summary['dead_letters']}, "
         f"{_lost_events(summary)}, {_rewritten_files(summary)}"
         f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
         f"{_shards(summary)}"
         f"stopped by {summary['stopped_by']}"
+    )
+
+
+def _prequential(summary: dict) -> str:
+    """The protocol's HR over the run, by cohort (`prequential`)."""
+    results = summary.get("prequential")
+    if results is None or not results["every"]:
+        return ""
+
+    def hr(cohort: str) -> str:
+        value = results[cohort]["hr"]
+        return "n/a" if value is None else f"{value:.4f}"
+
+    return (
+        f"prequential HR@{results['top_k']}={hr('all')} (cold {hr('cold')}, warm "
+        f"{hr('warm')}; {results['all']['scored']:,} scored), "
     )
 
 
