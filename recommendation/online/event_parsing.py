@@ -1,5 +1,7 @@
 """Events as training examples: `parse_event`, the one conversion every source uses,
-and `EventChunk`, the events a source hands out in one read.
+the lines of event files (`EVENT_FILE_SUFFIXES`, `is_header`, `parse_line`), and
+`EventChunk`, the events a source hands out in one read. No TensorFlow: the peer
+harnesses read event folders by these rules too.
 
 User and item ids must be integers in [0, 2**63 - 1] (`MAX_ID`; negative int64 values
 are refused because the hash tables reserve two of them), timestamps any int64. What
@@ -19,6 +21,8 @@ from typing import Any
 import numpy as np
 
 FIELDS = ("user", "item", "timestamp")
+# Event files: one JSON object a line, or ``user,item,timestamp`` lines.
+EVENT_FILE_SUFFIXES = (".jsonl", ".csv")
 # The accepted range of user and item ids (timestamps: any int64).
 MAX_ID = 2**63 - 1
 _INT64_MIN = -(2**63)
@@ -80,6 +84,16 @@ def _parse_event(record: Any) -> tuple[int, int, int]:
     user = _to_int(_field(record, "user"), "user", 0, MAX_ID)
     item = _to_int(_field(record, "item"), "item", 0, MAX_ID)
     return user, item, _to_int(_field(record, "timestamp"), "timestamp", _INT64_MIN, MAX_ID)
+
+
+def is_header(text: bytes) -> bool:
+    """Whether `text`, a CSV event file's first line, is its header (skipped)."""
+    return text.split(b",")[0].strip().lower() in (b"user", b"userid", b"user_id")
+
+
+def parse_line(text: bytes, is_csv: bool) -> tuple[int, int, int]:
+    """(user, item, timestamp) from an event file's line (`parse_event`'s checks)."""
+    return parse_event(text.split(b",") if is_csv else text)
 
 
 def _field(record: dict, name: str) -> Any:

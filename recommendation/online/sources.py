@@ -54,7 +54,13 @@ from absl import logging
 
 from official.utils.misc import atomic
 from recommendation.online.dead_letters import DeadLetterFile
-from recommendation.online.event_parsing import EventChunk, parse_event
+from recommendation.online.event_parsing import (
+    EVENT_FILE_SUFFIXES,
+    EventChunk,
+    is_header,
+    parse_event,
+    parse_line,
+)
 
 
 def _chunk(events: list[tuple[int, int, int]], ids: list, position: Any) -> EventChunk:
@@ -188,7 +194,7 @@ class DirectorySource:
         return sorted(
             name
             for name in tf.io.gfile.listdir(self.directory)
-            if name.endswith((".jsonl", ".csv"))
+            if name.endswith(EVENT_FILE_SUFFIXES)
         )
 
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
@@ -262,13 +268,13 @@ class DirectorySource:
         first, id_prefix = offset, self._id_prefix(name)
         for line in block[:end].splitlines(keepends=True)[:limit]:
             line_id = f"{id_prefix}:{offset}"
-            is_header = offset == 0 and name.endswith(".csv")
+            first_csv_line = offset == 0 and name.endswith(".csv")
             offset += len(line)
             text = line.strip()
-            if not text or (is_header and _is_header(text)):
+            if not text or (first_csv_line and is_header(text)):
                 continue
             try:
-                events.append(_parse_line(text, name.endswith(".csv")))
+                events.append(parse_line(text, name.endswith(".csv")))
             except ValueError as error:
                 self._dead_letter(line_id, text, str(error))
                 continue
@@ -346,11 +352,3 @@ def _size_and_inode(path: str) -> tuple[int, int | None]:
     """A file's length, and its inode where the file system has one (a local path)."""
     length = tf.io.gfile.stat(path).length
     return length, os.stat(path).st_ino if atomic.is_local(path) else None
-
-
-def _is_header(text: bytes) -> bool:
-    return text.split(b",")[0].strip().lower() in (b"user", b"userid", b"user_id")
-
-
-def _parse_line(text: bytes, is_csv: bool) -> tuple[int, int, int]:
-    return parse_event(text.split(b",") if is_csv else text)

@@ -85,10 +85,19 @@ def cpu_line() -> str:
 
 def peak_rss_bytes(pid: int) -> int | None:
     """A running process's peak resident set (VmHWM) in bytes; None once it is gone."""
+    return _status_bytes(pid, "VmHWM")
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A running process's resident set now (VmRSS) in bytes; None once it is gone."""
+    return _status_bytes(pid, "VmRSS")
+
+
+def _status_bytes(pid: int, field: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
