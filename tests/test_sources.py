@@ -234,6 +234,35 @@ def test_directory_source_tails_files_and_resumes_from_offsets(tmp_path):
     assert _read_all(legacy)[0] == [(7, 70), (6, 60)]
 
 
+@pytest.mark.parametrize("max_events", [1, 2, 3, 7])
+def test_directory_events_come_in_file_order_whatever_the_read_size(tmp_path, max_events):
+    """A header, a blank line and a dead letter do not count against a read's events,
+    and a later file is read only once the one before has no complete line left: a
+    read of 7 used to stop inside c.csv after its header and go on to d.csv."""
+    folder = tmp_path / "events"
+    folder.mkdir()
+    _append(folder / "b.jsonl", '{"user": 1, "item": 1, "timestamp": 1}\n{"user": "bad"}\n')
+    _append(folder / "c.csv", "user,item,timestamp\n" + "".join(f"2,{i},{i}\n" for i in range(8)))
+    _append(folder / "d.csv", "\n3,0,0\n3,1,1\n")
+    source = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "dead.jsonl")))
+    chunks = []
+    while (chunk := source.read(max_events, 0.0)) is not None:
+        chunks.append(list(zip(chunk.users.tolist(), chunk.items.tolist(), strict=True)))
+    assert [len(chunk) for chunk in chunks[:-1]] == [max_events] * (len(chunks) - 1)
+    assert [event for chunk in chunks for event in chunk] == [
+        (1, 1),
+        *((2, i) for i in range(8)),
+        (3, 0),
+        (3, 1),
+    ]
+    # A file longer than one read's bytes is read to its end before the next.
+    big = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "d2")), read_bytes=64)
+    order = []
+    while (chunk := big.read(100, 0.0)) is not None:
+        order += chunk.users.tolist()
+    assert order == [1] + [2] * 8 + [3, 3]
+
+
 def test_directory_source_waits_quietly_for_a_missing_folder(tmp_path):
     source = sources.DirectorySource(str(tmp_path / "later"), DeadLetterFile(str(tmp_path / "d")))
     assert source.read(10, 0.05) is None

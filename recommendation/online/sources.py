@@ -204,9 +204,12 @@ class DirectorySource:
             names = self._files()
             self._note_gone(names)
             for name in names:
-                if len(events) >= max_events:
+                # A later file only once this one has no complete line left unread:
+                # events go in file order.
+                if len(events) >= max_events or not self._read_file(
+                    name, max_events - len(events), events, ids
+                ):
                     break
-                self._read_file(name, max_events - len(events), events, ids)
             if events:
                 position = {
                     "offsets": dict(self.offsets),
@@ -236,12 +239,14 @@ class DirectorySource:
                     self.directory,
                 )
 
-    def _read_file(self, name: str, limit: int, events: list, ids: list) -> None:
+    def _read_file(self, name: str, limit: int, events: list, ids: list) -> bool:
+        """Reads up to `limit` events of file `name` into `events` (and their ids);
+        returns whether every complete line written to it so far is read."""
         path = os.path.join(self.directory, name)
         try:
             length, inode = _size_and_inode(path)
         except (tf.errors.NotFoundError, FileNotFoundError):
-            return  # removed since listed
+            return True  # removed since listed
         offset, seen = self.offsets.get(name, 0), self.files.get(name, {})
         change = None
         if offset > length:
@@ -252,7 +257,7 @@ class DirectorySource:
             self._read_again(name, change)
             return self._read_file(name, limit, events, ids)
         if length == offset and length >= seen.get("size", 0):
-            return  # nothing new, and not shortened
+            return True  # nothing new, and not shortened
         start = max(0, offset - FINGERPRINT_BYTES)
         with tf.io.gfile.GFile(path, "rb") as stream:
             stream.seek(start)
@@ -264,9 +269,13 @@ class DirectorySource:
             end = block.rfind(b"\n") + 1  # complete lines only
             if not end and len(block) == self.read_bytes:
                 self._skip_long_line(name, offset, block, stream, length, inode)
-                return
+                # (a long line not written to its end yet is no complete line)
+                return name in self._long_line_scan or self.offsets[name] >= length
         first, id_prefix = offset, self._id_prefix(name)
-        for line in block[:end].splitlines(keepends=True)[:limit]:
+        wanted = len(events) + limit
+        for line in block[:end].splitlines(keepends=True):
+            if len(events) == wanted:
+                break
             line_id = f"{id_prefix}:{offset}"
             first_csv_line = offset == 0 and name.endswith(".csv")
             offset += len(line)
@@ -280,6 +289,8 @@ class DirectorySource:
                 continue
             ids.append(line_id)
         self._remember(name, offset, (before + block[: offset - first]), length, inode)
+        # Read to the block's last complete line, and the block reached the file's end.
+        return offset == first + end and first + len(block) >= length
 
     def _id_prefix(self, name: str) -> str:
         """What the source ids of file `name`'s lines start with (its version's)."""
