@@ -48,8 +48,10 @@ class TlsProxy:
 
     def stop(self) -> None:
         """Stops accepting (the connections open end with their clients)."""
+        with contextlib.suppress(OSError):  # wakes the accept blocked in its thread
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
-        self._thread.join(timeout=10)
+        self._thread.join()
 
     def _accept(self) -> None:
         while True:
