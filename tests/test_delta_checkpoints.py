@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -195,15 +196,26 @@ def test_a_delta_killed_while_written_is_never_restored(monkeypatch, tmp_path, s
     assert not list(tmp_path.glob("delta-11.*"))  # the leftover is gone
 
 
+@pytest.fixture(scope="module")
+def two_deltas(tmp_path_factory) -> tuple[str, dict]:
+    """A folder of a full checkpoint at step 3 and deltas at 6 and 9 (trained once for
+    every kind of damage), and the state a restore of the first two gives."""
+    folder = tmp_path_factory.mktemp("two_deltas")
+    rec_model = _model()
+    saver = _checkpoints(folder, full_every=10)
+    _train(rec_model, _stream(6), saver)  # full at 3, delta at 6
+    expected = _state(_restored(folder, 10)[0])
+    _train(rec_model, _stream(9)[6:], saver)  # delta at 9
+    return str(folder), expected
+
+
 @pytest.mark.parametrize("how", CHECKPOINT_DAMAGES)
 def test_a_damaged_delta_ends_the_restore_before_it_and_the_next_checkpoint_is_full(
-    tmp_path, caplog, how
+    tmp_path, caplog, how, two_deltas
 ):
-    rec_model = _model()
-    saver = _checkpoints(tmp_path, full_every=10)
-    _train(rec_model, _stream(6), saver)  # full at 3, delta at 6
-    expected = _state(_restored(tmp_path, 10)[0])
-    _train(rec_model, _stream(9)[6:], saver)  # delta at 9
+    folder, expected = two_deltas
+    tmp_path = tmp_path / "model"
+    shutil.copytree(folder, tmp_path)
     damaged = str(tmp_path / "delta-9")
     problem = damage_checkpoint(damaged, how)
     resumed, checkpoint = _restored(tmp_path, 10)
