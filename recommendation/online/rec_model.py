@@ -113,7 +113,7 @@ class RecModel(cluster.ClusterTraining):
         network: keras.layers.Layer,
         loss_fn: Callable | None = None,
         optimizer: keras.optimizers.Optimizer | None = None,
-        metrics=None,
+        metrics: dict | Iterable | None = None,
         eval_network: keras.layers.Layer | None = None,
         eval_indexes: list[int] | None = None,
         amp_level: str = "O0",
@@ -331,7 +331,7 @@ class RecModel(cluster.ClusterTraining):
 
     def online_train(
         self,
-        train_dataset,
+        train_dataset: Iterable,
         callbacks: list | None = None,
         dataset_sink_mode: bool = True,
         sink_size: int = 1,
