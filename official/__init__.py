@@ -4,7 +4,8 @@ Importing it (every entry point does, before TensorFlow) quiets TensorFlow's INF
 lines: CPU feature notes, XLA service start-up, checkpoint timings and the like,
 which otherwise come before and between the lines of ours. Warnings and errors still
 show. ``TF_CPP_MIN_LOG_LEVEL=0`` brings the INFO lines back. What TensorFlow writes
-while its libraries load, before any setting is read, is explained in the README.
+while its libraries load, before any setting is read, is explained in
+docs/getting-started.md.
 
 It also turns on TensorFlow's oneDNN kernels on every x86-64 CPU (see below).
 """
