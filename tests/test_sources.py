@@ -812,7 +812,7 @@ def _trim_warnings(caplog) -> list[str]:
 
 ADVICE = (
     "raise the stream's MAXLEN above the events added during the trainer's longest lag "
-    "or stop, or shorten those (README: Redis Streams, lost events)"
+    "or stop, or shorten those (docs/operations.md: Redis Streams: lost events)"
 )
 
 

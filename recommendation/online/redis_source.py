@@ -113,7 +113,7 @@ def _redis_event(flat: list) -> tuple[int, int, int]:
 # What a warning about trimmed entries advises.
 _TRIMMED_ADVICE = (
     "raise the stream's MAXLEN above the events added during the trainer's longest lag "
-    "or stop, or shorten those (README: Redis Streams, lost events)"
+    "or stop, or shorten those (docs/operations.md: Redis Streams: lost events)"
 )
 
 
