@@ -207,7 +207,9 @@ def test_the_result_has_ncf_online_summary_keys(tmp_path, capsys):
         "--prequential_window_events=16",
         "--seed=3",
     ]
-    returned = peer_harness.main(flags, "popularity", "Item popularity.", ItemPopularity)
+    returned = peer_harness.main(
+        flags, "popularity", "Item popularity.", lambda parsed: ItemPopularity()
+    )
     with open(summary_file) as stream:
         result = json.load(stream)
     assert result == json.loads(json.dumps(returned))
@@ -258,6 +260,14 @@ def test_the_defaults_are_ncf_onlines():
     )
 
 
+def test_a_peer_adds_its_own_flags_and_batch_size_is_chunk_events():
+    def add_flags(flag) -> None:
+        flag("--width", type=peer_harness.positive, default=3)
+
+    flags = peer_harness.parse_flags(["--events_dir=x", "--batch_size=7"], "", add_flags)
+    assert (flags.chunk_events, flags.width) == (7, 3)
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -277,7 +287,9 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, flags, message):
     with open(os.path.join(folders["no_events"], "events.csv"), "w") as out:
         out.write("user,item,timestamp\nx,y,z\n")
     with pytest.raises(SystemExit) as stop:
-        peer_harness.main([flag.format(**folders) for flag in flags], "peer", "", ItemPopularity)
+        peer_harness.main(
+            [flag.format(**folders) for flag in flags], "peer", "", lambda parsed: ItemPopularity()
+        )
     assert stop.value.code != 0
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith("error: ") and message in lines[-1], lines

@@ -3,7 +3,8 @@ ncf-online reads them, test-then-train by the prequential protocol over them chu
 chunk, and the result as JSON with the keys of ncf-online's summary.
 
 A peer supplies a `Learner` (scores a user's candidate items with the model as it is;
-learns a chunk's examples in order) and calls `main`. For each chunk of events the
+learns a chunk's examples in order) and calls `main`, adding its own flags if it has
+any. For each chunk of events the
 protocol's `plan` is scored and recorded, then the learner learns each event as a
 positive (label 1) followed by `num_neg` items drawn (seeded, with replacement) from
 the distinct items seen so far, this chunk's included, as negatives (label 0; a draw
@@ -80,7 +81,8 @@ class Learner(Protocol):
 
     def tables(self) -> dict[str, dict]:
         """``user`` and ``item``: ``ids`` held, ``capacity`` (None: unbounded),
-        ``admitted``, ``evicted``, ``refused`` (ncf-online's `TableWatch.counts`)."""
+        ``admitted``, ``evicted``, ``refused`` (ncf-online's `TableWatch.counts`), and
+        whatever else the peer's library reports of its tables."""
 
     def describe(self) -> dict:
         """What the model is (library, version, settings), for the result."""
@@ -191,6 +193,7 @@ def run(
     seed: int | None = None,
     max_events: int | None = None,
     on_chunk: Callable[[int, float], None] | None = None,
+    resident: int | None = None,
 ) -> dict:
     """Test, then train, chunk by chunk (module docstring) until the chunks end or
     `max_events` (whole chunks; the one that reaches it is the last); `on_chunk` is
@@ -199,12 +202,15 @@ def run(
     Returns:
         ``events``, ``seconds``, ``events_per_second``, ``steady_events_per_second``
         (after `WARMUP_SECONDS`; None for a shorter run) and ``bytes_per_id``: how much
-        this process's resident memory (VmRSS) grew from before the first event to
-        after the last, over the ids the learner holds then (its tables, and the
-        protocol's and the negatives' few bytes an id, as in ncf-online's process).
+        this process's resident memory (VmRSS) grew from `resident` (default: before
+        the first event; `main` reads it before the learner is made, so that tables
+        allocated whole up front count) to after the last event, over the ids the
+        learner holds then (its tables, and the protocol's and the negatives' few
+        bytes an id, as in ncf-online's process).
     """
     seen = SeenItems(seed)
-    resident = machine.resident_bytes(os.getpid())
+    if resident is None:
+        resident = machine.resident_bytes(os.getpid())
     start = time.perf_counter()
     events, warm = 0, None
     for users, items, times in chunks:
@@ -243,7 +249,8 @@ def _integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """An argparse type: a positive integer."""
     value = _integer(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
@@ -264,15 +271,26 @@ class _ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def parse_flags(argv: list[str], description: str) -> argparse.Namespace:
-    """The harness's flags (ncf-online's names and defaults where it has the flag)."""
+def parse_flags(
+    argv: list[str],
+    description: str,
+    add_flags: Callable[[Callable[..., argparse.Action]], None] | None = None,
+) -> argparse.Namespace:
+    """The harness's flags (ncf-online's names and defaults where it has the flag),
+    and the peer's own, which `add_flags` adds with the ``add_argument`` it is given."""
     parser = _ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     flag = parser.add_argument
     flag("--events_dir", required=True, help="Folder of *.csv / *.jsonl event files.")
     flag("--summary_file", help="Write the result here (JSON).")
-    flag("--chunk_events", type=_positive, default=CHUNK_EVENTS, help="Events per chunk.")
+    flag(
+        "--chunk_events",
+        "--batch_size",
+        type=positive,
+        default=CHUNK_EVENTS,
+        help="Events per chunk (ncf-online's --batch_size: a batched learner's step).",
+    )
     flag("--num_neg", type=_non_negative, default=NUM_NEG, help="Negatives per event.")
     flag(
         "--prequential_every",
@@ -283,30 +301,36 @@ def parse_flags(argv: list[str], description: str) -> argparse.Namespace:
     )
     flag(
         "--prequential_negatives",
-        type=_positive,
+        type=positive,
         default=PROTOCOL_DEFAULTS["negatives"],
         help="Items drawn from those seen before each scored event to rank it against.",
     )
     flag(
         "--prequential_window_events",
-        type=_positive,
+        type=positive,
         default=PROTOCOL_DEFAULTS["window_events"],
         help="Events per window of the prequential curve.",
     )
-    flag("--top_k", type=_positive, default=PROTOCOL_DEFAULTS["top_k"], help="HR and NDCG cut-off.")
-    flag("--max_events", type=_positive, help="Stop after the chunk that reaches this many.")
+    flag("--top_k", type=positive, default=PROTOCOL_DEFAULTS["top_k"], help="HR and NDCG cut-off.")
+    flag("--max_events", type=positive, help="Stop after the chunk that reaches this many.")
     flag("--seed", type=_integer, help="Fixes the model's initial weights and the negatives.")
     flag("--log_every_secs", type=float, default=10.0, help="Progress cadence (stderr).")
+    if add_flags is not None:
+        add_flags(flag)
     return parser.parse_args(argv)
 
 
 def main(
-    argv: list[str], name: str, description: str, make_learner: Callable[[int | None], Learner]
+    argv: list[str],
+    name: str,
+    description: str,
+    make_learner: Callable[[argparse.Namespace], Learner],
+    add_flags: Callable[[Callable[..., argparse.Action]], None] | None = None,
 ) -> dict:
-    """The command line: reads the flags, runs `make_learner(seed)` over the folder,
-    prints one line (and writes the result JSON); bad input ends it with one
-    ``error:`` line. Returns the result."""
-    flags = parse_flags(argv, description)
+    """The command line: reads the flags (`parse_flags`), runs `make_learner(flags)`
+    over the folder, prints one line (and writes the result JSON); bad input ends it
+    with one ``error:`` line. Returns the result."""
+    flags = parse_flags(argv, description, add_flags)
     try:
         return _main(flags, name, make_learner)
     except HarnessError as error:
@@ -315,7 +339,7 @@ def main(
 
 
 def _main(
-    flags: argparse.Namespace, name: str, make_learner: Callable[[int | None], Learner]
+    flags: argparse.Namespace, name: str, make_learner: Callable[[argparse.Namespace], Learner]
 ) -> dict:
     folder = EventFolder(flags.events_dir)
     summary_folder = os.path.dirname(os.path.abspath(flags.summary_file or "."))
@@ -329,7 +353,8 @@ def _main(
         flags.top_k,
         window_events=flags.prequential_window_events,
     )
-    learner = make_learner(flags.seed)
+    resident = machine.resident_bytes(os.getpid())
+    learner = make_learner(flags)
     last_report = 0.0
 
     def report(events: int, seconds: float) -> None:
@@ -346,6 +371,7 @@ def _main(
         flags.seed,
         flags.max_events,
         report,
+        resident,
     )
     if not timing["events"]:
         raise HarnessError(

@@ -82,7 +82,12 @@ class RiverBiasedMF:
 
 
 def main() -> None:
-    peer_harness.main(sys.argv[1:], "river", __doc__.split("\n\n")[0], RiverBiasedMF)
+    peer_harness.main(
+        sys.argv[1:],
+        "river",
+        __doc__.split("\n\n")[0],
+        lambda flags: RiverBiasedMF(flags.seed),
+    )
 
 
 if __name__ == "__main__":
