@@ -147,3 +147,15 @@ def test_a_serving_export_holds_the_index_and_live_rows_only(tmp_path):
         network.score(network.user_embedding(users), network.item_embedding(items))[:, 0]
     )
     np.testing.assert_allclose(served(user_id=users, item_id=items)["scores"], expected, rtol=1e-6)
+
+
+def test_new_rows_start_near_zero():
+    """A new id's row starts within +-0.004 (`NEW_ROW_SCALE`), drawn: its noise must not
+    swamp a cold user's ranking, which the item rows and the layers carry."""
+    keras.utils.set_random_seed(0)
+    model = online_ncf.build_online_model(online_ncf.OnlineParams(**PARAMS))
+    for table, ids in ((model.user_embedding, range(1, 9)), (model.item_embedding, range(16))):
+        slots = table.slots(tf.constant(list(ids), tf.int64), training=True).numpy()
+        rows = table.embeddings.numpy()[slots]
+        assert np.all(np.abs(rows) <= 0.004) and len(np.unique(rows)) == rows.size
+        assert np.abs(rows).max() > 0.002
