@@ -59,6 +59,14 @@ flags.DEFINE_string("river_python", None, "Python of river's environment (setup_
 flags.DEFINE_string("torchrec_python", None, "Python of TorchRec's environment.")
 flags.DEFINE_string("work_dir", None, "Where the runs' files go (default: a temporary folder).")
 flags.DEFINE_string("plot_dir", None, "Write the chart here.")
+flags.DEFINE_list(
+    "results_from",
+    [],
+    "Run nothing: the table and chart of the runs whose JSON files are in these "
+    "--work_dir folders of earlier invocations, in order; a system at a capacity that an "
+    "earlier folder of the list holds is left out (ours run again after a change, "
+    "listed first, beside the peers of an earlier invocation).",
+)
 
 
 def _load() -> str:
@@ -171,6 +179,24 @@ def _runs(work: str) -> list[tuple[str, str, dict]]:
     return runs
 
 
+def _earlier_runs() -> list[tuple[str, str, dict]]:
+    """(system, capacity, result) of the runs saved in each of --results_from, the
+    first folder's where two hold one system at one capacity."""
+    runs, seen = [], set()
+    for folder in FLAGS.results_from:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+        if not names:
+            sys.exit(f"error: --results_from {folder} holds no run's JSON file")
+        for name in names:
+            with open(os.path.join(folder, name)) as file:
+                result = json.load(file)
+            key = (result.pop("system"), result.pop("capacity"))
+            if key not in seen:
+                seen.add(key)
+                runs.append((*key, result))
+    return runs
+
+
 def _table(runs: list[tuple[str, str, dict]]) -> None:
     print(
         f"\n{FLAGS.name}: user capacity | system | steady events/s | peak RSS MB | bytes per "
@@ -209,6 +235,13 @@ def _chart(runs: list[tuple[str, str, dict]], cpu: str) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
+    if FLAGS.results_from:
+        runs = _earlier_runs()
+        _table(runs)
+        if FLAGS.plot_dir:
+            plots.require(FLAGS.plot_dir)
+            _chart(runs, machine.cpu_line())
+        return
     if not FLAGS.events_dir or not os.path.isdir(FLAGS.events_dir):
         sys.exit(f"error: --events_dir must be a folder of event files, got {FLAGS.events_dir!r}")
     for python in (FLAGS.river_python, FLAGS.torchrec_python):
