@@ -40,8 +40,7 @@ _RUNTIME_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "REDIS_PASSWORD", "REDIS_
 _MOST_STARTERS = 6
 # Always exec'd: a process that tells whether the process that started it is alive by
 # its parent pid (a warm child's parent is its starter), and the tasks of a cluster
-# (TF_CONFIG): a TensorFlow server forked from a starter never runs the functions it is
-# sent.
+# (TF_CONFIG), whose gRPC servers are tried exec'd only.
 _COLD_MODULES = frozenset({"recommendation.producer.data_async_generation"})
 _COLD_VARIABLES = frozenset({"TF_CONFIG"})
 
