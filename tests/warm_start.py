@@ -1,16 +1,17 @@
 """Warm starts for the suite's own Python processes.
 
-Most integration tests start ``python -m recommendation...`` processes, and each used to
-spend about 4 s of CPU loading TensorFlow before reading its first flag: a third of the
-suite. A starter is a process, one per environment, that has loaded `official` and
-TensorFlow as every entry point does first (no op run, no TensorFlow runtime started)
-and then forks a child for each such command. The child takes the command's standard
-streams, folder, environment, session and arguments and runs the module as
-``python -m`` does; it exits as ``python`` exits (its status, its traceback, death by a
-signal). It is a process of its own: its pid is signalled, killed and waited on as any
-child's (the waiting goes through a pidfd and the starter, its parent). What differs
-from a cold start is only what loading prints: TensorFlow's lines about oneDNN and
-CUDA come once, from the starter.
+Most integration tests start ``python -m recommendation...`` processes, and each used
+to spend about 4 s of CPU loading TensorFlow before reading its first flag (the suite
+took 810 s of pytest on 2 cores so, 688 s with warm starts). A starter is a process,
+one per environment, that has loaded `official` and TensorFlow as every entry point
+does first (no op run, no TensorFlow runtime started) and then forks a child for each
+such command. The child takes the command's standard streams, folder, environment,
+session and arguments and runs the module as ``python -m`` does; it exits as
+``python`` exits (its status, its traceback, death by a signal). It is a process of
+its own: its pid is signalled, killed and waited on as any child's (the waiting goes
+through a pidfd and the starter, its parent). What differs from a cold start is only
+what loading prints: TensorFlow's lines about oneDNN and CUDA come once, from the
+starter.
 
 `install` routes `subprocess.Popen` through a starter for ``sys.executable -m
 <module of this project> ...`` with nothing else changed about the process (no shell,
