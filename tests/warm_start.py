@@ -37,13 +37,13 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGES = ("recommendation", "official")
 # Read by the programs while they run, never while TensorFlow loads: a command whose
 # environment differs from a starter's in these alone can still start from it.
-_RUNTIME_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "REDIS_PASSWORD", "REDIS_USERNAME"})
+_RUNTIME_VARIABLES = frozenset(
+    {"PYTEST_CURRENT_TEST", "TF_CONFIG", "REDIS_PASSWORD", "REDIS_USERNAME"}
+)
 _MOST_STARTERS = 6
 # Always exec'd: a process that tells whether the process that started it is alive by
-# its parent pid (a warm child's parent is its starter), and the tasks of a cluster
-# (TF_CONFIG), whose gRPC servers are tried exec'd only.
+# its parent pid (a warm child's parent is its starter).
 _COLD_MODULES = frozenset({"recommendation.producer.data_async_generation"})
-_COLD_VARIABLES = frozenset({"TF_CONFIG"})
 
 
 # -- the wire: a length-prefixed JSON message, with file descriptors beside it ---------
@@ -225,8 +225,6 @@ def _module(args, executable, preexec_fn, pass_fds, cwd, env, shell, extra) -> s
         return None  # exec'd, so that Popen raises as it does
     environment = os.environ if env is None else env
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items()):
-        return None
-    if _COLD_VARIABLES.intersection(environment):
         return None
     return args[2]
 
