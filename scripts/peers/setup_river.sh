@@ -11,13 +11,8 @@
 # event_parsing.py): the environment holds no TensorFlow and no copy of the project.
 set -euo pipefail
 RIVER_VERSION="0.26.1"
-VENV="${1:-${HOME}/.cache/ncf-peers/river}"
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-VENV="$(python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$VENV")"
-case "$VENV/" in
-  "$ROOT"/*) echo "error: $VENV is inside the checkout $ROOT: give a folder outside it" >&2; exit 2 ;;
-esac
-PYTHON="$VENV/bin/python"
+PEER=river
+source "$(dirname "$0")/venv_folder.sh" "$@"
 installed() {
   "$PYTHON" -c "import sys, river; sys.exit(river.__version__ != '$RIVER_VERSION')" 2>/dev/null
 }

@@ -25,13 +25,8 @@ TORCH_VERSION="2.13.0"
 FBGEMM_VERSION="1.8.0"
 TORCHREC_VERSION="1.8.0"
 REQUIREMENTS=("tensordict==0.15.3" "torchmetrics==1.0.3" "tqdm==4.70.1" "pyre-extensions==0.0.32")
-VENV="${1:-${HOME}/.cache/ncf-peers/torchrec}"
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-VENV="$(python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$VENV")"
-case "$VENV/" in
-  "$ROOT"/*) echo "error: $VENV is inside the checkout $ROOT: give a folder outside it" >&2; exit 2 ;;
-esac
-PYTHON="$VENV/bin/python"
+PEER=torchrec
+source "$(dirname "$0")/venv_folder.sh" "$@"
 PINS="torchrec $TORCHREC_VERSION, fbgemm-gpu-cpu $FBGEMM_VERSION, torch $TORCH_VERSION"
 installed() {
   "$PYTHON" - "$TORCH_VERSION" "$FBGEMM_VERSION" "$TORCHREC_VERSION" 2>/dev/null <<'EOF'
