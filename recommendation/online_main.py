@@ -95,6 +95,8 @@ class OnlineConfig:
         max_events, max_seconds, idle_timeout_secs: Stop conditions (None: none).
         trained_events_log: Append the source id of every trained event here (audit).
         summary_file: Write the run summary (with the metric history) here as JSON.
+        profile_steps: ``(first, last)``: profile those steps into MODEL_DIR/profile
+            (`callbacks.ProfileSteps`); empty: none.
         seed: Fixes initial weights and sampling.
         serve_as: Be this task (``ps`` or ``worker``) of TF_CONFIG's cluster instead.
         cluster_wait_secs: How long the chief waits for the cluster's tasks to answer.
@@ -131,6 +133,7 @@ class OnlineConfig:
     idle_timeout_secs: float | None = None
     trained_events_log: str | None = None
     summary_file: str | None = None
+    profile_steps: tuple[int, ...] = ()
     seed: int | None = None
     serve_as: str | None = None
     cluster_wait_secs: float = 300.0
@@ -171,6 +174,9 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
         )
     )
     chosen: list[Callback] = []
+    if config.profile_steps:  # first: its profile holds the sink's scoring too
+        profile_dir = os.path.join(config.model_dir, "profile")
+        chosen.append(callbacks.ProfileSteps(*config.profile_steps, profile_dir))
     if config.trained_events_log:
         chosen.append(callbacks.TrainedEventsLog(config.trained_events_log))
     chosen.append(
@@ -291,6 +297,17 @@ EVICTION_POLICY = Check(
     "--{flag} must be none, lru, lfu, lfu:HALF_LIFE_STEPS, ttl:STEPS or ttl:SECONDSs",
 )
 
+
+def _is_step_range(value: list[str] | None) -> bool:
+    try:
+        steps = [int(step) for step in value or ()]
+    except ValueError:
+        return False
+    return not steps or (len(steps) == 2 and 0 < steps[0] <= steps[1])
+
+
+PROFILE_STEPS = Check(_is_step_range, "--{flag} must be FIRST,LAST with 0 < FIRST <= LAST")
+
 # Every flag of ``online_main``, on `OnlineConfig` (which holds the defaults); the
 # concepts it shares with ncf-main are ncf-main's flags.
 ONLINE_FLAGS = (
@@ -397,6 +414,14 @@ ONLINE_FLAGS = (
     ),
     FlagSpec("trained_events_log", "Append every trained event's id here."),
     FlagSpec("summary_file", "Write the summary and metric history here (JSON)."),
+    FlagSpec(
+        "profile_steps",
+        "FIRST,LAST: profile these training steps (from 1, as logged; whole sinks) with "
+        "TensorFlow's profiler into MODEL_DIR/profile, for TensorBoard's profile tab; the "
+        "ops are named by the step's stage (id_lookup, admission, eviction, row_gather, "
+        "row_update, prequential_scoring).",
+        checks=(PROFILE_STEPS,),
+    ),
     FlagSpec(
         "serve_as",
         "Run as this task of TF_CONFIG's cluster (a tf.distribute server) instead of "

@@ -70,6 +70,7 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plots  # noqa: E402  (sibling scripts)
 import replay_events  # noqa: E402
+from online_runs import sustained_events_per_second  # noqa: E402
 
 from recommendation.data import movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
@@ -247,22 +248,6 @@ def _summary(work_dir: str, group: str) -> dict:
         return json.load(summary)
 
 
-def _sustained(summary: dict) -> float:
-    """Events/s from the first metric report (start-up and the first sink's tracing
-    before it) to the last one before the stop: the final interval holds what a run
-    does when it stops, which a checkout before the metric logger's move (a294324 among
-    them) reports after its durable final checkpoint, a save long enough to decide a
-    short window's rate (docs/benchmarks.md, "Online training: events/s and
-    freshness", measures it)."""
-    history = [h for h in summary["history"] if h["events"] > 0]
-    if len(history) > 2:
-        history = history[:-1]
-    if len(history) < 2:
-        return summary["events"] / summary["seconds"]
-    first, last = history[0], history[-1]
-    return (last["events"] - first["events"]) / (last["seconds"] - first["seconds"])
-
-
 def _throughput(redis_url: str, work_dir: str, events: int) -> dict[tuple[str, str], dict]:
     """Sustained events/s per (checkout, boost level): they take turns, --repeats
     rounds, so that a change in the machine's load falls on all of them alike."""
@@ -285,7 +270,7 @@ def _throughput(redis_url: str, work_dir: str, events: int) -> dict[tuple[str, s
                 tree=trees[tree],
             )
             process.wait()
-            rates[tree, level].append(_sustained(_summary(work_dir, group)))
+            rates[tree, level].append(sustained_events_per_second(_summary(work_dir, group)))
             logging.info("%s boost %s: %.0f events/s", tree, level, rates[tree, level][-1])
     return {
         run: {
@@ -374,7 +359,9 @@ def _cluster_runs(redis_url: str, work_dir: str, events: int) -> dict[int, list[
             runs[count].append(
                 _cluster_run(redis_url, work_dir, group, events, count, FLAGS.cluster_ps)[0]
             )
-            logging.info("%d workers: %.0f events/s", count, _sustained(runs[count][-1]))
+            logging.info(
+                "%d workers: %.0f events/s", count, sustained_events_per_second(runs[count][-1])
+            )
     return runs
 
 
@@ -419,7 +406,7 @@ def _print_capacity(runs: dict[int, tuple]) -> None:
 
 
 def _print_cluster(runs: dict[int, list[dict]]) -> None:
-    base = float(np.mean([_sustained(summary) for summary in runs[0]]))
+    base = float(np.mean([sustained_events_per_second(summary) for summary in runs[0]]))
     print(
         f"cluster on loopback: {FLAGS.cluster_ps} ps tasks, events/s sustained (mean of "
         f"{FLAGS.repeats} interleaved runs), the coordinator's ms per step"
@@ -430,7 +417,7 @@ def _print_cluster(runs: dict[int, list[dict]]) -> None:
     )
     print("-" * 26 + "+----------+----------------+---------+----------+------+------+" + "-" * 32)
     for count, summaries in runs.items():
-        rate = float(np.mean([_sustained(summary) for summary in summaries]))
+        rate = float(np.mean([sustained_events_per_second(summary) for summary in summaries]))
         label = "one process (O1)" if count == 0 else f"{count} worker(s)"
         parts = "       - |        - |    - |    - | -"
         if count:
@@ -705,7 +692,11 @@ def _print_throughput(throughput: dict, full) -> None:
         rows.append(
             (
                 "full pass, defaults (O1)",
-                {"events": summary["events"], "rate": _sustained(summary), "load": full[2]},
+                {
+                    "events": summary["events"],
+                    "rate": sustained_events_per_second(summary),
+                    "load": full[2],
+                },
             )
         )
     for label, r in rows:

@@ -181,7 +181,8 @@ def _runs(work: str) -> list[tuple[str, str, dict]]:
 
 def _earlier_runs() -> list[tuple[str, str, dict]]:
     """(system, capacity, result) of the runs saved in each of --results_from, the
-    first folder's where two hold one system at one capacity."""
+    first folder's where two hold one system at one capacity. ncf-online's steady rate
+    is read again from its run's summary, by today's `online_runs` rule."""
     runs, seen = [], set()
     for folder in FLAGS.results_from:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
@@ -190,6 +191,11 @@ def _earlier_runs() -> list[tuple[str, str, dict]]:
         for name in names:
             with open(os.path.join(folder, name)) as file:
                 result = json.load(file)
+            summary_path = os.path.join(folder, name[: -len(".json")], "summary.json")
+            if os.path.exists(summary_path):
+                with open(summary_path) as file:
+                    rate = online_runs.sustained_events_per_second(json.load(file))
+                result["steady_events_per_second"] = rate
             key = (result.pop("system"), result.pop("capacity"))
             if key not in seen:
                 seen.add(key)

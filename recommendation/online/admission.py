@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import id_index, masks, row_shards
+from recommendation.online import id_index, masks, row_shards, step_stages
 
 _FIRST_ALLOCATION = 64  # rows allocated by the first admission
 
@@ -60,7 +60,8 @@ class Admission:
         spare = tf.size(freed, out_type=tf.int64) + self.capacity - self.size
         victims = tf.zeros([0], tf.int64)
         if self.policy.evicts:
-            victims = self._pool.take_lowest(tf.maximum(wanted - spare, 0), step)[1]
+            with tf.name_scope(step_stages.EVICTION):
+                victims = self._pool.take_lowest(tf.maximum(wanted - spare, 0), step)[1]
         self.num_evicted.assign_add(tf.size(victims, out_type=tf.int64))
         reused = tf.concat([freed, victims], 0)
         num = tf.minimum(wanted, spare + tf.size(victims, out_type=tf.int64))

@@ -33,7 +33,7 @@ import re
 
 import tensorflow as tf
 
-from recommendation.online import masks
+from recommendation.online import masks, step_stages
 
 POLICIES = ("none", "lru", "lfu", "ttl")
 DEFAULT_HALF_LIFE_STEPS = 1000
@@ -310,7 +310,10 @@ class CandidatePool:
         """Takes rows in priority order while their expiry stamps are below `deadline`,
         at most `count` (`take_lowest`: any stamp; `take_expired`: any number);
         `expiring` sizes the windows and refills for the second."""
+        with tf.name_scope(step_stages.EVICTION):  # a graph of its own: no outer scope
+            return self._take_rows(count, step_now, deadline, expiring)
 
+    def _take_rows(self, count, step_now, deadline, expiring):
         def step(ids, slots, refilled, done):
             left = tf.reduce_sum(self.ends - self.heads)
             wanted = count - tf.size(ids, out_type=tf.int64)

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from recommendation.online import id_index, masks, row_shards
+from recommendation.online import id_index, masks, row_shards, step_stages
 from recommendation.online.admission import Admission
 from recommendation.online.eviction import (
     CandidatePool,
@@ -331,12 +331,13 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
         read of a variable that scatter updates write (admission, lazy Adam) copies
         the whole table first.
         """
-        known = slots > 0
-        rows = row_shards.gather(self.embeddings, tf.where(known, slots, 0))
-        rows = _default_rows_untrained(rows, known)
-        if self.max_norm is not None:
-            rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
-        return tf.cast(rows, self.compute_dtype)
+        with tf.name_scope(step_stages.ROW_GATHER):
+            known = slots > 0
+            rows = row_shards.gather(self.embeddings, tf.where(known, slots, 0))
+            rows = _default_rows_untrained(rows, known)
+            if self.max_norm is not None:
+                rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
+            return tf.cast(rows, self.compute_dtype)
 
     @_graph_code
     def sample_slots(self, num: tf.Tensor | int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -369,16 +370,19 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
 
     def _resolve(self, flat: tf.Tensor) -> tf.Tensor:
         step = self.step.assign_add(1)
-        self._pool.add_seen()
-        unique, positions, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
-        slots = self.lookup_slots(unique)
-        held = slots >= 0
-        self._refresh(*masks.keep(held, slots, counts), step)
+        with tf.name_scope(step_stages.EVICTION):
+            self._pool.add_seen()
+        with tf.name_scope(step_stages.ID_LOOKUP):
+            unique, positions, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+            slots = self.lookup_slots(unique)
+            held = slots >= 0
+            self._refresh(*masks.keep(held, slots, counts), step)
         freed = tf.zeros([0], tf.int64)
         if self.policy.kind == "ttl":
             ttl = self.policy.ttl_seconds or self.policy.ttl_steps
             if not self.drains:  # on a cluster: `upkeep`, between drained steps
-                keys, freed = self._pool.take_expired(self.stamp_clock - ttl, step)
+                with tf.name_scope(step_stages.EVICTION):
+                    keys, freed = self._pool.take_expired(self.stamp_clock - ttl, step)
                 self.num_evicted.assign_add(tf.size(keys, out_type=tf.int64))
             if self.permit_filter_value > 1 and not self.policy.ttl_seconds:
                 # Ids that never reached admission are forgotten on the same schedule.
@@ -387,13 +391,14 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
                     lambda: self._forget_pending(step, ttl),
                     lambda: tf.constant(0, tf.int64),
                 )
-        missing = ~held
-        draws = self._admission_draws(tf.size(unique), step)
-        admit = self._count_sightings(unique, counts, missing, draws, step)
-        self._admit(*masks.keep(admit, unique, counts), freed, step)
-        if self.key_dtype == "int64":
-            self._rebuild_indexes_if_worn()
-        return tf.gather(self.lookup_slots(unique), positions)
+        with tf.name_scope(step_stages.ADMISSION):
+            draws = self._admission_draws(tf.size(unique), step)
+            admit = self._count_sightings(unique, counts, ~held, draws, step)
+            self._admit(*masks.keep(admit, unique, counts), freed, step)
+        with tf.name_scope(step_stages.ID_LOOKUP):
+            if self.key_dtype == "int64":
+                self._rebuild_indexes_if_worn()
+            return tf.gather(self.lookup_slots(unique), positions)
 
     def _rebuild_indexes_if_worn(self) -> None:
         worn = id_index.worn(self.removals, self.buckets)

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from recommendation.data import constants
 from recommendation.model import hyperparams, network, neumf_model, optimizers
-from recommendation.online import cluster
+from recommendation.online import cluster, step_stages
 from recommendation.online.hash_embedding import HashEmbedding
 from recommendation.online.rec_model import RecModel
 
@@ -186,6 +186,10 @@ class OnlineNeuMF(network.NeuMF):
         """Logits (float32, `(n, m)`) of each of `users` (raw ids, `(n,)`) with each of
         its `candidates` (raw item ids, `(n, m)`), by the model as it is: nothing is
         admitted, and ids without a row score with the default row."""
+        with tf.name_scope(step_stages.PREQUENTIAL):
+            return self._scores(users, candidates)
+
+    def _scores(self, users: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:
         user = self.user_embedding(users, training=False)
         items = self.item_embedding(candidates, training=False)
         count = tf.shape(candidates)[1]

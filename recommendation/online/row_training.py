@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from recommendation.model import optimizers
-from recommendation.online import masks, row_shards
+from recommendation.online import masks, row_shards, step_stages
 
 
 class RowTraining:
@@ -104,11 +104,12 @@ class RowTraining:
                 variable.scatter_sub(tf.IndexedSlices(rate * gradient.values, gradient.indices))
             return tf.constant(True)
 
-        if optimizer is inner:
-            apply()
-        else:
-            finite = tf.reduce_all(tf.math.is_finite(gradient.values))
-            tf.cond(finite, apply, lambda: tf.constant(False))
+        with tf.name_scope(step_stages.ROW_UPDATE):
+            if optimizer is inner:
+                apply()
+            else:
+                finite = tf.reduce_all(tf.math.is_finite(gradient.values))
+                tf.cond(finite, apply, lambda: tf.constant(False))
 
     def note_trained(self, slots: tf.Tensor) -> None:
         """Notes rows `slots` (the default row and -1 left out) changed by a step that
