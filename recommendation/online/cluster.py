@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterator
 import tensorflow as tf
 from absl import logging
 
+from official.core.runner import traced
+
 TASK_TYPES = ("ps", "worker")
 
 
@@ -301,8 +303,8 @@ class ClusterSteps:
         self.coordinator = coordinator
         self.looked_up = looked_up
         strategy = coordinator.strategy
-        self._resolve = tf.function(resolve, reduce_retracing=True)
-        self._train = tf.function(
+        self._resolve = traced(resolve, reduce_retracing=True)
+        self._train = traced(
             lambda resolved, step: strategy.run(train, args=(resolved, step)),
             reduce_retracing=True,
         )

@@ -180,7 +180,8 @@ class OnlineNeuMF(network.NeuMF):
         return {"loss": loss}
 
     @tf.function(
-        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)]
+        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
+        autograph=False,
     )
     def score_candidates(self, users: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:
         """Logits (float32, `(n, m)`) of each of `users` (raw ids, `(n,)`) with each of
@@ -328,7 +329,8 @@ def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
             input_signature=[
                 tf.TensorSpec([None], tf.int64, constants.USER_COLUMN),
                 tf.TensorSpec([None], tf.int64, constants.ITEM_COLUMN),
-            ]
+            ],
+            autograph=False,
         )
         def serve(self, user_id, item_id):
             user = network.user_embedding.serving_rows(self.tables[0], user_id)

@@ -54,7 +54,7 @@ import keras
 import tensorflow as tf
 
 from official.core import precision, signals
-from official.core.runner import sum_over_steps, without_autotuning
+from official.core.runner import sum_over_steps, traced, without_autotuning
 from recommendation.online import cluster
 from recommendation.online.callback_base import CallbackList
 from recommendation.online.metrics import build_metrics
@@ -302,7 +302,7 @@ class RecModel(cluster.ClusterTraining):
         resolvable = hasattr(self.network, "resolve")
         compiled = None
         if jit and resolvable:
-            compiled = tf.function(
+            compiled = traced(
                 lambda data: self._call(self.network, data, True),
                 jit_compile=True,
                 reduce_retracing=True,
@@ -312,20 +312,19 @@ class RecModel(cluster.ClusterTraining):
             return self._train_step(data, compiled)
 
         if jit and not resolvable:
-            step = tf.function(step, jit_compile=True, reduce_retracing=True)
+            step = traced(step, jit_compile=True, reduce_retracing=True)
 
         signature = tf.nest.map_structure(
             lambda t: tf.TensorSpec([None, None, *t.shape[2:]], t.dtype), stacked
         )
 
-        @tf.function(input_signature=[signature, tf.TensorSpec([], tf.int32)])
         def call(stacked, num_steps):
             return sum_over_steps(
                 lambda index: step(tf.nest.map_structure(lambda t: t[index], stacked)),
                 num_steps,
             )
 
-        return call
+        return traced(call, input_signature=[signature, tf.TensorSpec([], tf.int32)])
 
     # -- the loops -----------------------------------------------------------
 
@@ -458,7 +457,7 @@ class RecModel(cluster.ClusterTraining):
         for metric in self.metrics.values():
             metric.reset_state()
         if self._eval_call is None:
-            self._eval_call = tf.function(self._eval_step, reduce_retracing=True)
+            self._eval_call = traced(self._eval_step, reduce_retracing=True)
         callback_list = CallbackList(callbacks, self)
         callback_list.on_test_begin({})
         for index, batch in enumerate(valid_dataset):

@@ -69,7 +69,8 @@ class ServingModule(tf.Module):
         input_signature=[
             tf.TensorSpec([None], tf.int64, constants.USER_COLUMN),
             tf.TensorSpec([None], tf.int64, constants.ITEM_COLUMN),
-        ]
+        ],
+        autograph=False,
     )
     def score(self, user_id: tf.Tensor, item_id: tf.Tensor) -> dict[str, tf.Tensor]:
         """``serving_default``: probabilities of (user, item) pairs given by raw id."""
@@ -88,7 +89,8 @@ class ServingModule(tf.Module):
             tf.TensorSpec([None], tf.int64, constants.USER_COLUMN),
             tf.TensorSpec([], tf.int32, "k"),
             tf.TensorSpec([], tf.bool, "exclude_seen"),
-        ]
+        ],
+        autograph=False,
     )
     def recommend(
         self, user_id: tf.Tensor, k: tf.Tensor, exclude_seen: tf.Tensor
