@@ -178,9 +178,6 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-    # The tests that start processes first (they take the longest): the suite's workers
-    # then end on short tests together instead of one waiting for the other's long one.
-    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import platform
 import subprocess
@@ -56,8 +57,17 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _imports_tensorflow(path: str) -> bool:
+    """Whether the module at `path` has an import statement of TensorFlow or Keras (one
+    in the code a module hands to a child process, a string, is not)."""
     with open(path) as source:
-        return any(line.startswith(("import tensorflow", "import keras")) for line in source)
+        tree = ast.parse(source.read())
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module)
+    return any(name and name.split(".")[0] in ("tensorflow", "keras") for name in names)
 
 
 # The scripts and their modules that import TensorFlow themselves: the ones whose
@@ -79,13 +89,13 @@ def _without_onednn_setting() -> dict:
 
 @pytest.mark.integration
 @pytest.mark.skipif(not _X86, reason="oneDNN is turned on for x86-64 CPUs only")
-@pytest.mark.parametrize("module", ["recommendation", "official", *_SCRIPTS])
-def test_every_entry_point_loads_tensorflow_with_onednn_on(module):
+@pytest.mark.parametrize("package", ["recommendation", "official"])
+def test_tensorflow_loaded_after_the_packages_runs_onednn(package):
     # TensorFlow decides when it loads; on a CPU without AVX512-VNNI, AVX512-BF16,
-    # AVX-VNNI or AMX its own default is off. A script importing TensorFlow before
-    # `official` would run its matmuls on the slower Eigen kernels.
+    # AVX-VNNI or AMX its own default is off: `official` sets TF_ENABLE_ONEDNN_OPTS=1
+    # before it loads.
     code = (
-        f"import sys; sys.path.insert(0, 'scripts'); import {module}; "
+        f"import {package}; "
         "from official.utils.misc import machine; print(machine.tensorflow_runs_onednn())"
     )
     result = subprocess.run(
@@ -97,6 +107,43 @@ def test_every_entry_point_loads_tensorflow_with_onednn_on(module):
         check=True,
     )
     assert result.stdout.split()[-1] == "True", result.stderr[-2000:]
+
+
+# Run first in a fresh interpreter: prints TF_ENABLE_ONEDNN_OPTS as it is when anything
+# first imports TensorFlow (what TensorFlow reads as it loads), then exits.
+_AT_TENSORFLOWS_IMPORT = """
+import os, sys
+
+class AtTensorFlowsImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow":
+            print("TF_ENABLE_ONEDNN_OPTS=" + os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"))
+            sys.stdout.flush()
+            os._exit(0)
+
+sys.meta_path.insert(0, AtTensorFlowsImport())
+sys.path.insert(0, "scripts")
+import {module}
+print("TensorFlow never imported")
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not _X86, reason="oneDNN is turned on for x86-64 CPUs only")
+@pytest.mark.parametrize("module", _SCRIPTS)
+def test_every_script_sets_onednn_on_before_tensorflow_loads(module):
+    # A script importing TensorFlow before `official` would run its matmuls on the
+    # slower Eigen kernels (what TensorFlow does with the setting in place: the test
+    # above).
+    result = subprocess.run(
+        [sys.executable, "-c", _AT_TENSORFLOWS_IMPORT.format(module=module)],
+        capture_output=True,
+        text=True,
+        cwd=_ROOT,
+        env=_without_onednn_setting(),
+        check=True,
+    )
+    assert result.stdout.split()[-1] == "TF_ENABLE_ONEDNN_OPTS=1", result.stderr[-2000:]
 
 
 @pytest.mark.integration

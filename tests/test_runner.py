@@ -13,7 +13,7 @@ from conftest import TINY_PARAMS, damage_checkpoint, tiny_runner, tiny_train_inp
 
 from official.core import signals
 from official.core.model_dir import ModelDirError
-from official.core.runner import Mode, Runner, sum_over_steps
+from official.core.runner import Mode, Runner, sum_over_steps, traced
 from recommendation.data import constants
 from recommendation.model import neumf_model
 from recommendation.producer import data_pipeline
@@ -255,3 +255,11 @@ def test_several_steps_per_call_trace_the_step_once():
     assert (float(total["sum"]), float(total["count"])) == (0.0 + 1 + 2 + 3, 4.0)
     # Eagerly the step stays Python: a call per step.
     assert float(sum_over_steps(step, tf.constant(3))["sum"]) == 3.0 and len(traces) == 4
+
+
+def test_steps_run_in_a_call_traced_without_autograph():
+    """As Keras 3 traces its steps: a call traced without AutoGraph runs any number of
+    steps, one trace for every count (a Python loop over a symbolic count cannot)."""
+    traced_call = traced(lambda steps: sum_over_steps(lambda index: {"n": index + 1}, steps))
+    assert [int(traced_call(tf.constant(count))["n"]) for count in (1, 3, 5)] == [1, 6, 15]
+    assert traced_call.experimental_get_tracing_count() == 1

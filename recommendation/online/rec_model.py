@@ -95,6 +95,9 @@ def _policy(amp_level: str) -> str | None:
 class RecModel(cluster.ClusterTraining):
     """Trains, evaluates and online-trains a Keras network (MindSpore Rec's RecModel).
 
+    Its steps are traced as Keras 3 traces ``fit``'s, without AutoGraph: a network's
+    control flow on tensors is written with ``tf.cond`` and ``tf.while_loop``.
+
     Args:
         network: A Keras model or layer.
         loss_fn: ``loss_fn(label, prediction) -> loss``; None: the network returns its
