@@ -41,6 +41,7 @@ from official.utils.flags.core import (
     NON_NEGATIVE,
     POSITIVE,
     POSITIVE_OR_UNSET,
+    STEP_RANGE_OR_UNSET,
     Check,
     FlagSpec,
     Rule,
@@ -58,6 +59,7 @@ from recommendation.online import (
     redis_source,
     run_summary,
     sources,
+    step_stages,
 )
 from recommendation.online.callback_base import Callback
 from recommendation.online.dead_letters import DeadLetterFile
@@ -96,7 +98,7 @@ class OnlineConfig:
         trained_events_log: Append the source id of every trained event here (audit).
         summary_file: Write the run summary (with the metric history) here as JSON.
         profile_steps: ``(first, last)``: profile those steps into MODEL_DIR/profile
-            (`callbacks.ProfileSteps`); empty: none.
+            (`step_stages.ProfileSteps`); empty: none.
         seed: Fixes initial weights and sampling.
         serve_as: Be this task (``ps`` or ``worker``) of TF_CONFIG's cluster instead.
         cluster_wait_secs: How long the chief waits for the cluster's tasks to answer.
@@ -176,7 +178,7 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
     chosen: list[Callback] = []
     if config.profile_steps:  # first: its profile holds the sink's scoring too
         profile_dir = os.path.join(config.model_dir, "profile")
-        chosen.append(callbacks.ProfileSteps(*config.profile_steps, profile_dir))
+        chosen.append(step_stages.ProfileSteps(*config.profile_steps, profile_dir))
     if config.trained_events_log:
         chosen.append(callbacks.TrainedEventsLog(config.trained_events_log))
     chosen.append(
@@ -298,16 +300,6 @@ EVICTION_POLICY = Check(
 )
 
 
-def _is_step_range(value: list[str] | None) -> bool:
-    try:
-        steps = [int(step) for step in value or ()]
-    except ValueError:
-        return False
-    return not steps or (len(steps) == 2 and 0 < steps[0] <= steps[1])
-
-
-PROFILE_STEPS = Check(_is_step_range, "--{flag} must be FIRST,LAST with 0 < FIRST <= LAST")
-
 # Every flag of ``online_main``, on `OnlineConfig` (which holds the defaults); the
 # concepts it shares with ncf-main are ncf-main's flags.
 ONLINE_FLAGS = (
@@ -420,7 +412,7 @@ ONLINE_FLAGS = (
         "TensorFlow's profiler into MODEL_DIR/profile, for TensorBoard's profile tab; the "
         "ops are named by the step's stage (id_lookup, admission, eviction, row_gather, "
         "row_update, prequential_scoring).",
-        checks=(PROFILE_STEPS,),
+        checks=(STEP_RANGE_OR_UNSET,),
     ),
     FlagSpec(
         "serve_as",

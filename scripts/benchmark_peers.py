@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,12 +72,6 @@ def _load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def _fresh(folder: str) -> None:
-    """An empty `folder` (a run of an earlier invocation would be resumed)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
-
-
 def _imports_only(python: str, modules: str) -> int:
     """Peak RSS (bytes) of a `python` that only imports `modules`."""
     code = f"import {modules}, sys; sys.stdout.write(open('/proc/self/status').read())"
@@ -90,7 +83,7 @@ def _imports_only(python: str, modules: str) -> int:
 def _ours(capacity: int, policy: str, work: str) -> dict:
     """ncf-online at `capacity` under `policy`: its summary and what is measured of it."""
     extra = (f"--item_capacity={FLAGS.item_capacity}", f"--user_evict_policy={policy}")
-    _fresh(work)
+    online_runs.fresh_folder(work)
     run = online_runs.stream_run(FLAGS.events_dir, capacity, work, more_flags=extra)
     summary = run["summary"]
     return {
@@ -105,7 +98,7 @@ def _ours(capacity: int, policy: str, work: str) -> dict:
 def _peer(python: str, script: str, work: str, *extra: str) -> dict:
     """A peer harness over the folder, with the python of its environment; its result,
     and its peak RSS polled from outside (as ncf-online's)."""
-    _fresh(work)
+    online_runs.fresh_folder(work)
     summary_file = os.path.join(work, "result.json")
     command = [python, os.path.join(PEERS, script), f"--events_dir={FLAGS.events_dir}"]
     command += ["--seed=1", f"--summary_file={summary_file}", *extra]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,12 @@ def folder_bytes(folder: str) -> int:
         for root, _, names in os.walk(folder)
         for name in names
     )
+
+
+def fresh_folder(folder: str) -> None:
+    """An empty `folder` (a run of an earlier invocation would be resumed)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
 
 
 def sustained_events_per_second(summary: dict) -> float:

@@ -31,7 +31,6 @@ import collections
 import glob
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -86,8 +85,7 @@ def stage_seconds(profile_dir: str) -> collections.Counter:
 
 
 def _run(events_dir: str, work: str, args, *extra: str) -> dict:
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    online_runs.fresh_folder(work)
     flags = (
         f"--item_capacity={args.item_capacity}",
         f"--max_events={args.max_events}",

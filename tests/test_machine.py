@@ -83,8 +83,18 @@ _SCRIPTS = sorted(
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def _without_onednn_setting() -> dict:
-    return {name: value for name, value in os.environ.items() if name != "TF_ENABLE_ONEDNN_OPTS"}
+def _last_word_without_onednn_setting(code: str) -> tuple[str, str]:
+    """The last word `code` prints, run by a fresh python in the checkout without
+    TF_ENABLE_ONEDNN_OPTS, and the end of its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=_ROOT,
+        env={k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"},
+        check=True,
+    )
+    return result.stdout.split()[-1], result.stderr[-2000:]
 
 
 @pytest.mark.integration
@@ -98,15 +108,8 @@ def test_tensorflow_loaded_after_the_packages_runs_onednn(package):
         f"import {package}; "
         "from official.utils.misc import machine; print(machine.tensorflow_runs_onednn())"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=_ROOT,
-        env=_without_onednn_setting(),
-        check=True,
-    )
-    assert result.stdout.split()[-1] == "True", result.stderr[-2000:]
+    printed, stderr = _last_word_without_onednn_setting(code)
+    assert printed == "True", stderr
 
 
 # Run first in a fresh interpreter: prints TF_ENABLE_ONEDNN_OPTS as it is when anything
@@ -135,15 +138,10 @@ def test_every_script_sets_onednn_on_before_tensorflow_loads(module):
     # A script importing TensorFlow before `official` would run its matmuls on the
     # slower Eigen kernels (what TensorFlow does with the setting in place: the test
     # above).
-    result = subprocess.run(
-        [sys.executable, "-c", _AT_TENSORFLOWS_IMPORT.format(module=module)],
-        capture_output=True,
-        text=True,
-        cwd=_ROOT,
-        env=_without_onednn_setting(),
-        check=True,
+    printed, stderr = _last_word_without_onednn_setting(
+        _AT_TENSORFLOWS_IMPORT.format(module=module)
     )
-    assert result.stdout.split()[-1] == "TF_ENABLE_ONEDNN_OPTS=1", result.stderr[-2000:]
+    assert printed == "TF_ENABLE_ONEDNN_OPTS=1", stderr
 
 
 @pytest.mark.integration

@@ -1,5 +1,5 @@
 """Where an online step's time goes: its ops named by stage, the profile of chosen
-steps (`callbacks.ProfileSteps`, ``--profile_steps``), and the steady rate the speed
+steps (`step_stages.ProfileSteps`, ``--profile_steps``), and the steady rate the speed
 scripts read from a run's metric history."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _profiled_training(log_dir: str, first: int, last: int, steps: int) -> None:
     )
     rec_model = online_ncf.build_rec_model(params)
     chosen = [
-        callbacks.ProfileSteps(first, last, log_dir),
+        step_stages.ProfileSteps(first, last, log_dir),
         callbacks.PrequentialEvaluation(prequential.Prequential(every=1, negatives=2, top_k=1)),
     ]
     rec_model.online_train(_batches(steps), chosen, sink_size=1)

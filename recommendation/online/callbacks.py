@@ -443,45 +443,6 @@ def table_digest(network: OnlineNeuMF) -> str:
     return digest.hexdigest()[:16]
 
 
-class ProfileSteps(Callback):
-    """TensorFlow's profiler over the sinks that train steps `first` to `last` (counted
-    from 1 over the model's life, as the step in the log lines), written to `log_dir`
-    for TensorBoard's profile tab. A sink runs its steps in one graph call, so the
-    profile covers whole sinks: from the one holding `first` to the one reaching
-    `last`. Each op is named by its step's stage (`step_stages`).
-
-    Args:
-        first, last: The steps profiled.
-        log_dir: Where the profile goes (any `tf.io.gfile` path).
-    """
-
-    def __init__(self, first: int, last: int, log_dir: str) -> None:
-        super().__init__()
-        if not 0 < first <= last:
-            raise ValueError(f"profile steps {first} to {last}: give 0 < FIRST <= LAST")
-        self.first, self.last, self.log_dir = first, last, log_dir
-        self.profiling = self.done = False
-
-    def on_sink_begin(self, group) -> None:
-        reached = int(self.rec_model.step.numpy()) + group.num_steps
-        if not (self.profiling or self.done) and reached >= self.first:
-            tf.profiler.experimental.start(self.log_dir)
-            self.profiling = True
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        if self.profiling and batch >= self.last:
-            self._stop(batch)
-
-    def on_train_end(self, logs=None) -> None:
-        if self.profiling:
-            self._stop(int(self.rec_model.step.numpy()))
-
-    def _stop(self, step: int) -> None:
-        tf.profiler.experimental.stop()
-        self.profiling, self.done = False, True
-        logging.info("profiled the sinks up to step %d into %s", step, self.log_dir)
-
-
 class TrainedEventsLog(Callback):
     """Appends the source ids of each trained sink's events to a file (flushed), so
     that tests and audits can count how often every event was trained (place it before

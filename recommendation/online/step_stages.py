@@ -1,12 +1,18 @@
-"""The stages of an online training step, as name scopes of its graph ops: a profile
-(TensorFlow's, `--profile_steps`; `scripts/profile_online_step.py` sums one by stage)
-then shows where a step's time goes. A stage's ops inside another's belong to the
+"""The stages of an online training step, as name scopes of its graph ops, and the
+callback that profiles chosen steps (`ProfileSteps`, ``--profile_steps``): the profile
+then shows where a step's time goes (`scripts/profile_online_step.py` sums one by
+stage). A stage's ops inside another's belong to the
 inner one (eviction runs inside admission), except in the prequential scoring, a graph
 call of its own before the sink trains, whose ops are all its own."""
 
 from __future__ import annotations
 
 import re
+
+import tensorflow as tf
+from absl import logging
+
+from recommendation.online.callback_base import Callback
 
 ID_LOOKUP = "id_lookup"  # ids to rows, refreshing the rows' priorities, index upkeep
 ADMISSION = "admission"  # sightings counted, rows given to new ids
@@ -29,3 +35,42 @@ def of_op(name: str) -> str:
     if PREQUENTIAL in stages:
         return PREQUENTIAL
     return stages[-1] if stages else DENSE
+
+
+class ProfileSteps(Callback):
+    """TensorFlow's profiler over the sinks that train steps `first` to `last` (counted
+    from 1 over the model's life, as the step in the log lines), written to `log_dir`
+    for TensorBoard's profile tab. A sink runs its steps in one graph call, so the
+    profile covers whole sinks: from the one holding `first` to the one reaching
+    `last`. Each op is named by its step's stage (`STAGES`).
+
+    Args:
+        first, last: The steps profiled.
+        log_dir: Where the profile goes (any `tf.io.gfile` path).
+    """
+
+    def __init__(self, first: int, last: int, log_dir: str) -> None:
+        super().__init__()
+        if not 0 < first <= last:
+            raise ValueError(f"profile steps {first} to {last}: give 0 < FIRST <= LAST")
+        self.first, self.last, self.log_dir = first, last, log_dir
+        self.profiling = self.done = False
+
+    def on_sink_begin(self, group) -> None:
+        reached = int(self.rec_model.step.numpy()) + group.num_steps
+        if not (self.profiling or self.done) and reached >= self.first:
+            tf.profiler.experimental.start(self.log_dir)
+            self.profiling = True
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if self.profiling and batch >= self.last:
+            self._stop(batch)
+
+    def on_train_end(self, logs=None) -> None:
+        if self.profiling:
+            self._stop(int(self.rec_model.step.numpy()))
+
+    def _stop(self, step: int) -> None:
+        tf.profiler.experimental.stop()
+        self.profiling, self.done = False, True
+        logging.info("profiled the sinks up to step %d into %s", step, self.log_dir)

@@ -44,6 +44,18 @@ NON_NEGATIVE_OR_UNSET = Check(
 )
 
 
+def _is_step_range(value: list[str] | None) -> bool:
+    try:
+        steps = [int(step) for step in value or ()]
+    except ValueError:
+        return False
+    return not steps or (len(steps) == 2 and 0 < steps[0] <= steps[1])
+
+
+# A list flag of two steps, FIRST,LAST (from 1), or unset.
+STEP_RANGE_OR_UNSET = Check(_is_step_range, "--{flag} must be FIRST,LAST with 0 < FIRST <= LAST")
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """A validator of several flags together (absl's multi-flag validator)."""
