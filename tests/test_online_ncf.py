@@ -71,6 +71,34 @@ def test_candidates_are_scored_by_the_model_as_it_is_without_admitting_any():
     assert not _has_row(model.user_embedding, 3) and not _has_row(model.item_embedding, 999)
 
 
+def test_candidates_score_as_the_whole_network_does_with_the_first_layer_split():
+    """The reference's sizes, random rows and weights: each (user, candidate) pair
+    scores as `score` of its two looked-up rows (the network's every layer on the
+    pair), for known and unknown ids and candidates repeated within and across events;
+    and no op multiplies a pair's whole first-layer input (its user and item halves are
+    projected apart, each distinct row once)."""
+    keras.utils.set_random_seed(3)
+    model = online_ncf.build_online_model(online_ncf.OnlineParams())
+    generator = np.random.default_rng(3)
+    for table, count in ((model.user_embedding, 60), (model.item_embedding, 90)):
+        table.slots(tf.range(1, count, dtype=tf.int64), training=True)
+        rows = generator.normal(0.0, 0.5, table.embeddings.numpy().shape).astype(np.float32)
+        rows[0] = 0.0  # the default row
+        table.embeddings.assign(rows)
+    users = tf.constant(generator.integers(1, 70, 40), tf.int64)  # 60 to 69: no row
+    candidates = tf.constant(generator.integers(1, 100, [40, 30]), tf.int64)
+    scores = model.score_candidates(users, candidates).numpy()
+    pairs_user = model.user_embedding(tf.repeat(users, 30), training=False)
+    pairs_item = model.item_embedding(tf.reshape(candidates, [-1]), training=False)
+    expected = tf.reshape(model.score(pairs_user, pairs_item), [40, 30]).numpy()
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    assert np.std(expected) > 0.01  # trained weights: the pairs differ
+    graph = model.score_candidates.get_concrete_function().graph
+    first_kernel = model.mlp[0].kernel.shape  # (2 x half, layer 1)
+    products = [op for op in graph.get_operations() if op.type in ("MatMul", "BatchMatMulV2")]
+    assert products and all(op.inputs[1].shape.as_list() != list(first_kernel) for op in products)
+
+
 def test_a_sink_is_scored_by_the_protocol_before_it_trains():
     """Every event scored (``every=1``) against 1 negative, HR@1; the rows of users 1
     and 2 and items 100 and 200 are set by hand, user 3 is new: it is scored with the

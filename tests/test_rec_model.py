@@ -72,6 +72,36 @@ def test_step_end_callbacks_run_once_per_sink(sink_mode, sink_size, expected):
     assert model.position == 9 and model.trained_ids == [9]
 
 
+class _SinkWatcher(Callback):
+    """Notes, for each sink, which thread read it and what its begin found there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read, self.began = [], []
+
+    def on_sink_read(self, group) -> None:
+        group.notes[self] = (group.ids, threading.current_thread().name)
+        self.read.append(group.ids)
+
+    def on_sink_begin(self, group) -> None:
+        self.began.append(group.notes[self])
+
+
+@pytest.mark.parametrize(
+    "boost_level, reader", [("O0", "MainThread"), ("O1", "rec-model-prefetch")]
+)
+def test_each_sink_is_seen_as_read_on_the_reading_thread_then_before_it_trains(boost_level, reader):
+    """What follows from the stream alone (the prequential plans) is prepared as each
+    sink is read, in stream order, on the thread that reads ahead (O1): off the
+    training thread; each sink's begin finds its own notes."""
+    watcher = _SinkWatcher()
+    model = RecModel(_network(), _loss(), keras.optimizers.Adam(0.01), boost_level=boost_level)
+    model.online_train(_batches(7), [watcher], sink_size=2)
+    sinks = [[0, 1], [2, 3], [4, 5], [6]]
+    assert watcher.read == sinks
+    assert watcher.began == [(ids, reader) for ids in sinks]
+
+
 def test_what_lives_through_online_training_is_kept_out_of_the_collectors_passes():
     """The objects alive when training starts and those the trace of the step makes
     (TensorFlow, the model, the graph) are frozen while it runs, so that the lists a

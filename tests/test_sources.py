@@ -263,6 +263,81 @@ def test_directory_events_come_in_file_order_whatever_the_read_size(tmp_path, ma
     assert order == [1] + [2] * 8 + [3, 3]
 
 
+PLAIN_LINE = b"12,3400,978300760\n"
+
+
+@pytest.mark.parametrize(
+    "line, plain",
+    [
+        (PLAIN_LINE, True),
+        (b"007,1,0\r\n", True),  # leading zeros, CRLF
+        (b"9" * 18 + b",1,1\n", True),
+        (b"9" * 19 + b",1,1\n", False),  # past 18 digits
+        (b"1,2,-3\n", False),  # a negative timestamp: the general path takes it
+        (b"+1,2,3\n", False),
+        (b" 1,2,3\n", False),
+        (b"1,2,3 \n", False),
+        (b"1,2\n", False),
+        (b"1,2,3,4\n", False),
+        (b"\n", False),  # a blank line
+        (b"1,2,3\r4,5,6\n", False),  # a lone CR ends a line too
+        ("١,2,3\n".encode(), False),  # an Arabic digit
+        (b"user,item,timestamp\n", False),
+    ],
+)
+def test_plain_csv_lines_convert_at_once_as_line_by_line_parsing_does(line, plain):
+    """Runs of plain CSV lines are found from a line's start, and converted at once
+    with the values `parse_line` gives each line, up to `limit` lines; a line that is
+    not plain is left out of every run, to be read on its own."""
+    block = PLAIN_LINE + line + PLAIN_LINE
+    runs = event_parsing.plain_csv_runs(block)
+    assert runs == ([(0, len(block))] if plain else [(0, 18), (18 + len(line), len(block))])
+    if plain:
+        events, ends = event_parsing.plain_csv_events(block, 100)
+        expected = [event_parsing.parse_line(text.strip(), True) for text in block.splitlines()]
+        assert [tuple(event) for event in events.tolist()] == expected
+        assert ends.tolist() == [18, 18 + len(line), len(block)]
+    events, ends = event_parsing.plain_csv_events(3 * PLAIN_LINE, 2)
+    assert events.tolist() == [[12, 3400, 978300760]] * 2 and ends.tolist() == [18, 36]
+
+
+def test_directory_csv_reads_the_same_events_and_ids_at_once_as_line_by_line(tmp_path, monkeypatch):
+    """A CSV file of plain lines with a header and odd lines among them, read at every
+    read size and chunk: the events, their ids (``file:offset``) and dead letters are
+    those of its lines parsed one at a time, and only the lines that are not plain
+    are parsed so."""
+    folder = tmp_path / "events"
+    folder.mkdir()
+    lines = [b"user,item,timestamp\n"] + [b"%d,%d,%d\n" % (i, 7 * i, 100 + i) for i in range(60)]
+    odd = [b"\n", b"5,5,-5\r\n", b"x,1,1\n", b" 6,6,6\n"]
+    lines[20:20] = odd
+    data = b"".join(lines)
+    _append(folder / "a.csv", data)
+    expected, offset = [], 0
+    for line in lines:
+        if offset and line.strip() and not line.startswith(b"x"):
+            expected.append((event_parsing.parse_line(line.strip(), True), f"a.csv:{offset}"))
+        offset += len(line)
+    one_at_a_time = []
+
+    def parse_line(text, is_csv):
+        one_at_a_time.append(text)
+        return event_parsing.parse_line(text, is_csv)
+
+    monkeypatch.setattr(sources, "parse_line", parse_line)
+    for read_bytes, chunk in ((64, 3), (1 << 20, 7), (1 << 20, 1000)):
+        dead = DeadLetterFile(str(tmp_path / f"dead-{read_bytes}-{chunk}.jsonl"))
+        source = sources.DirectorySource(str(folder), dead, read_bytes=read_bytes)
+        read, one_at_a_time[:] = [], []
+        while (found := source.read(chunk, 0.0)) is not None:
+            columns = (found.users, found.items, found.timestamps)
+            events = zip(*(column.tolist() for column in columns), strict=True)
+            read += list(zip(events, found.ids, strict=True))
+        assert read == expected and source.offsets == {"a.csv": len(data)}
+        assert [record["id"] for record in _records(dead.path)] == [f"a.csv:{data.index(b'x,1')}"]
+        assert sorted(set(one_at_a_time)) == sorted(line.strip() for line in odd if line.strip())
+
+
 def test_directory_source_waits_quietly_for_a_missing_folder(tmp_path):
     source = sources.DirectorySource(str(tmp_path / "later"), DeadLetterFile(str(tmp_path / "d")))
     assert source.read(10, 0.05) is None

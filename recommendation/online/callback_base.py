@@ -1,6 +1,6 @@
 """What RecModel calls back: `Callback`, a Keras callback that also sees the RecModel,
-each sink before it trains and a stream's quiet periods, and `CallbackList`, which
-calls every callback given.
+each sink as it is read and before it trains, and a stream's quiet periods, and
+`CallbackList`, which calls every callback given.
 """
 
 from __future__ import annotations
@@ -16,13 +16,19 @@ if TYPE_CHECKING:
 
 class Callback(keras.callbacks.Callback):
     """A Keras callback that also sees the RecModel (``self.rec_model``), each sink's
-    batches before they train (`on_sink_begin`) and quiet periods of a stream
-    (`on_idle`)."""
+    batches as they are read (`on_sink_read`) and before they train (`on_sink_begin`),
+    and quiet periods of a stream (`on_idle`)."""
 
     rec_model: RecModel | None = None
 
     def set_rec_model(self, rec_model: RecModel) -> None:
         self.rec_model = rec_model
+
+    def on_sink_read(self, group: BatchGroup) -> None:
+        """Called with each sink's batches as the stream is read, in stream order, on
+        the thread that reads it (boost O1+: ahead of training, while the sink before
+        trains): where what follows from the stream alone is prepared, into
+        ``group.notes``, off the training thread. Touch no model state here."""
 
     def on_sink_begin(self, group: BatchGroup) -> None:
         """Called with each sink's batches (`stream_batches.BatchGroup`) before the

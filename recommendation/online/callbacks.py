@@ -205,6 +205,10 @@ class PrequentialEvaluation(Callback):
     before the first trains (a sink's later steps see a model up to `sink_size` - 1
     steps older than they would step by step).
 
+    Which events, against which candidates, follows from the stream alone: that is
+    planned as each sink is read (`on_sink_read`, on the reading thread with boost
+    O1+), so that the training thread only scores and tallies.
+
     Args:
         protocol: The protocol's state over this stream.
     """
@@ -212,16 +216,22 @@ class PrequentialEvaluation(Callback):
     def __init__(self, protocol: prequential.Prequential) -> None:
         super().__init__()
         self.protocol = protocol
+        self.events = 0  # of the sinks scored (the protocol has planned those read)
 
-    def on_sink_begin(self, group) -> None:
-        columns = (constants.USER_COLUMN, constants.ITEM_COLUMN, constants.TIME_COLUMN)
+    def on_sink_read(self, group) -> None:
         stacked = group.stacked
         times = stacked.get(constants.TIME_COLUMN)
         plans = []
         for step in range(group.num_steps):
-            users, items = (np.ravel(stacked[column][step]) for column in columns[:2])
+            users = np.ravel(stacked[constants.USER_COLUMN][step])
+            items = np.ravel(stacked[constants.ITEM_COLUMN][step])
             when = np.zeros_like(users) if times is None else np.ravel(times[step])
             plans.append(self.protocol.plan(users, items, when))
+        group.notes[self] = plans
+
+    def on_sink_begin(self, group) -> None:
+        plans = group.notes[self]
+        self.events += group.num_events
         users = np.concatenate([plan.users for plan in plans])
         if not len(users):
             return
@@ -231,6 +241,11 @@ class PrequentialEvaluation(Callback):
         for plan in plans:
             self.protocol.record(plan, scores[start : start + plan.size])
             start += plan.size
+
+    def results(self) -> dict:
+        """The protocol's numbers (`prequential.Prequential.results`) over the sinks
+        scored: the events of sinks read ahead but not trained are not counted."""
+        return {**self.protocol.results(), "events": self.events}
 
     def gauges(self) -> dict[str, float]:
         """The protocol's numbers over the stream so far, for a metric report:

@@ -191,13 +191,24 @@ class OnlineNeuMF(network.NeuMF):
             return self._scores(users, candidates)
 
     def _scores(self, users: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:
-        user = self.user_embedding(users, training=False)
-        items = self.item_embedding(candidates, training=False)
-        count = tf.shape(candidates)[1]
-        logits = self.score(
-            tf.repeat(user, count, axis=0), tf.reshape(items, [-1, tf.shape(items)[-1]])
-        )
-        return tf.reshape(tf.cast(logits, tf.float32), [-1, count])
+        """`score` of every (user, candidate) pair, with each side's share computed once:
+        the user's row and half of the first MLP layer once per user, each distinct
+        candidate's row and half once per call (`network.NeuMF._score_grid`); only the
+        layers above the first run per pair."""
+        user = self.user_embedding(users, training=False)[:, None, :]
+        distinct, positions = tf.unique(tf.reshape(candidates, [-1]), out_idx=tf.int32)
+        positions = tf.reshape(positions, tf.shape(candidates))
+        rows = self.item_embedding(distinct, training=False)
+        if self.mlp:
+            terms = self._first_layer_term(rows[:, self.gmf_width :], 1)
+            logits = self._score_grid(
+                user,
+                tf.gather(rows[:, : self.gmf_width], positions),
+                tf.gather(terms, positions),
+            )
+        else:
+            logits = self._score_grid(user, tf.gather(rows, positions))
+        return tf.cast(logits, tf.float32)
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -394,7 +394,9 @@ class RecModel(cluster.ClusterTraining):
             callback_list.on_train_begin({})
             if epoch_index is not None:
                 callback_list.on_epoch_begin(epoch_index, {})
-            groups = group_batches(iter(dataset), steps_per_call, has_position)
+            groups = group_batches(
+                iter(dataset), steps_per_call, has_position, callback_list.on_sink_read
+            )
             prefetcher = Prefetcher(groups) if self.boost_level != "O0" else None
             _freeze_long_lived()
             try:

@@ -27,7 +27,7 @@ def cluster_counts(rec_model: RecModel) -> dict | None:
 
 def outputs(chosen: list[Callback]) -> dict:
     """The summary's tables (`TableWatch.counts`), the prequential protocol's numbers
-    (`prequential.Prequential.results`; None without one), the count and mean seconds
+    (`PrequentialEvaluation.results`; None without one), the count and mean seconds
     and bytes of the full checkpoints, of the deltas and of the exports (None: none
     made), and the side writes that failed."""
     found = {type(callback): callback for callback in chosen}
@@ -40,7 +40,7 @@ def outputs(chosen: list[Callback]) -> dict:
 
     return {
         "tables": found[callbacks.TableWatch].counts(),
-        "prequential": evaluation.protocol.results() if evaluation else None,
+        "prequential": evaluation.results() if evaluation else None,
         "checkpoints": {
             kind: {
                 "count": len(checkpoint.seconds[kind]),

@@ -60,6 +60,8 @@ from recommendation.online.event_parsing import (
     is_header,
     parse_event,
     parse_line,
+    plain_csv_events,
+    plain_csv_runs,
 )
 
 
@@ -200,24 +202,25 @@ class DirectorySource:
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
         deadline = time.monotonic() + timeout
         while True:
-            events, ids = [], []
+            parts, ids = [], []  # (n, 3) arrays of events, and their ids
             names = self._files()
             self._note_gone(names)
             for name in names:
                 # A later file only once this one has no complete line left unread:
                 # events go in file order.
-                if len(events) >= max_events or not self._read_file(
-                    name, max_events - len(events), events, ids
+                if len(ids) >= max_events or not self._read_file(
+                    name, max_events - len(ids), parts, ids
                 ):
                     break
-            if events:
+            if ids:
                 position = {
                     "offsets": dict(self.offsets),
                     "files": dict(self.files),
                     "dead_letters": self.dead_letters,
                     "rewritten_files": self.rewritten_files,
                 }
-                return _chunk(events, ids, position)
+                events = np.concatenate(parts)
+                return EventChunk(events[:, 0], events[:, 1], events[:, 2], ids, position)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(min(0.05, timeout))
@@ -239,8 +242,8 @@ class DirectorySource:
                     self.directory,
                 )
 
-    def _read_file(self, name: str, limit: int, events: list, ids: list) -> bool:
-        """Reads up to `limit` events of file `name` into `events` (and their ids);
+    def _read_file(self, name: str, limit: int, parts: list, ids: list) -> bool:
+        """Reads up to `limit` events of file `name` into `parts` (and their ids);
         returns whether every complete line written to it so far is read."""
         path = os.path.join(self.directory, name)
         try:
@@ -255,7 +258,7 @@ class DirectorySource:
             change = f"another file: inode {seen['inode']}, now {inode}"
         if change:
             self._read_again(name, change)
-            return self._read_file(name, limit, events, ids)
+            return self._read_file(name, limit, parts, ids)
         if length == offset and length >= seen.get("size", 0):
             return True  # nothing new, and not shortened
         start = max(0, offset - FINGERPRINT_BYTES)
@@ -265,32 +268,71 @@ class DirectorySource:
             before, block = data[: offset - start], data[offset - start :]
             if "crc32" in seen and zlib.crc32(before) != seen["crc32"]:
                 self._read_again(name, f"its bytes before byte {offset:,} changed")
-                return self._read_file(name, limit, events, ids)
+                return self._read_file(name, limit, parts, ids)
             end = block.rfind(b"\n") + 1  # complete lines only
             if not end and len(block) == self.read_bytes:
                 self._skip_long_line(name, offset, block, stream, length, inode)
                 # (a long line not written to its end yet is no complete line)
                 return name in self._long_line_scan or self.offsets[name] >= length
-        first, id_prefix = offset, self._id_prefix(name)
-        wanted = len(events) + limit
-        for line in block[:end].splitlines(keepends=True):
-            if len(events) == wanted:
+        first = offset
+        offset = self._take_lines(name, offset, block[:end], limit, parts, ids)
+        self._remember(name, offset, (before + block[: offset - first]), length, inode)
+        # Read to the block's last complete line, and the block reached the file's end.
+        return offset == first + end and first + len(block) >= length
+
+    def _take_lines(
+        self, name: str, offset: int, lines: bytes, limit: int, parts: list, ids: list
+    ) -> int:
+        """Parses up to `limit` events of `lines`, complete lines from byte `offset` of
+        file `name`, into `parts` (`(n, 3)` arrays) and `ids`, dead-lettering the
+        malformed ones; returns the offset after the last line taken. Runs of plain
+        CSV lines are converted at once (`plain_csv_runs`), the others one at a time;
+        lines are looked at as far as the events still wanted reach."""
+        wanted, done = len(ids) + limit, 0  # bytes of `lines` taken
+        line_ends = np.flatnonzero(np.frombuffer(lines, np.uint8) == ord("\n")) + 1
+        while len(ids) < wanted and done < len(lines):
+            first = np.searchsorted(line_ends, done, side="right")
+            window = int(line_ends[min(first + wanted - len(ids), len(line_ends)) - 1])
+            runs = plain_csv_runs(lines[done:window]) if name.endswith(".csv") else []
+            for start, end in [(done + a, done + b) for a, b in runs] + [(window, window)]:
+                if start > done:
+                    done += self._take_one_at_a_time(
+                        name, offset + done, lines[done:start], wanted - len(ids), parts, ids
+                    )
+                if len(ids) == wanted or done < start:
+                    return offset + done
+                if end > start:
+                    events, ends = plain_csv_events(lines[start:end], wanted - len(ids))
+                    parts.append(events)
+                    starts = offset + start + np.concatenate([[0], ends[:-1]])
+                    ids.extend(f"{self._id_prefix(name)}:{line}" for line in starts.tolist())
+                    done = start + int(ends[-1])
+        return offset + done
+
+    def _take_one_at_a_time(
+        self, name: str, offset: int, lines: bytes, limit: int, parts: list, ids: list
+    ) -> int:
+        """`_take_lines` for lines parsed one at a time (`parse_line`): a header, blank
+        lines, JSON, what is not plain; returns the bytes taken."""
+        id_prefix, is_csv, first = self._id_prefix(name), name.endswith(".csv"), offset
+        events = []
+        for line in lines.splitlines(keepends=True):
+            if len(events) == limit:
                 break
             line_id = f"{id_prefix}:{offset}"
-            first_csv_line = offset == 0 and name.endswith(".csv")
+            first_csv_line = offset == 0 and is_csv
             offset += len(line)
             text = line.strip()
             if not text or (first_csv_line and is_header(text)):
                 continue
             try:
-                events.append(parse_line(text, name.endswith(".csv")))
+                events.append(parse_line(text, is_csv))
             except ValueError as error:
                 self._dead_letter(line_id, text, str(error))
                 continue
             ids.append(line_id)
-        self._remember(name, offset, (before + block[: offset - first]), length, inode)
-        # Read to the block's last complete line, and the block reached the file's end.
-        return offset == first + end and first + len(block) >= length
+        parts.append(np.array(events, dtype=np.int64).reshape(-1, 3))
+        return offset - first
 
     def _id_prefix(self, name: str) -> str:
         """What the source ids of file `name`'s lines start with (its version's)."""

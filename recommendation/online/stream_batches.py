@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -38,13 +38,16 @@ class StreamBatch:
 
 @dataclasses.dataclass
 class BatchGroup:
-    """Up to sink_size batches of one structure and shape, stacked on a new axis."""
+    """Up to sink_size batches of one structure and shape, stacked on a new axis;
+    `notes`: what callbacks prepared from them as they were read (`on_sink_read`), by
+    callback."""
 
     stacked: Any
     num_steps: int
     position: Any
     num_events: int
     ids: list
+    notes: dict = dataclasses.field(default_factory=dict)
 
 
 def _num_examples(data) -> int:
@@ -56,8 +59,14 @@ def _signature(data) -> tuple:
     return tuple((tuple(np.shape(t)), np.asarray(t).dtype.str) for t in tf.nest.flatten(data))
 
 
-def group_batches(elements: Iterator, size: int, has_position: list) -> Iterator[BatchGroup | None]:
-    """Groups consecutive same-shaped batches; None (quiet stream) ends a group."""
+def group_batches(
+    elements: Iterator,
+    size: int,
+    has_position: list,
+    on_read: Callable[[BatchGroup], None] = lambda group: None,
+) -> Iterator[BatchGroup | None]:
+    """Groups consecutive same-shaped batches; None (quiet stream) ends a group.
+    `on_read` sees each group, in stream order, before it is handed on."""
     pending: list[StreamBatch] = []
 
     def flush() -> BatchGroup:
@@ -71,6 +80,7 @@ def group_batches(elements: Iterator, size: int, has_position: list) -> Iterator
             [i for b in pending for i in (b.ids or ())],
         )
         pending.clear()
+        on_read(group)
         return group
 
     for element in elements:

@@ -63,6 +63,7 @@ PROTOCOL_DEFAULTS = {
 # Steady events/s count from the first chunk that ends this long into the run, as the
 # table benchmarks count ncf-online's from its first metric report (one a second).
 WARMUP_SECONDS = 1.0
+READ_BYTES = 1 << 20  # of an event file at a time
 
 
 class HarnessError(Exception):
@@ -113,30 +114,52 @@ class EventFolder:
     def chunks(self, chunk_events: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """`(users, items, timestamps)`, int64 arrays of `chunk_events` events each
         (the last one the rest)."""
-        events: list[tuple[int, int, int]] = []
-        for event in self._events():
-            events.append(event)
-            if len(events) == chunk_events:
-                yield _columns(events)
-                events = []
-        if events:
-            yield _columns(events)
+        pending: list[np.ndarray] = []
+        count = 0
+        for events in self._events():
+            pending.append(events)
+            count += len(events)
+            while count >= chunk_events:
+                events = np.concatenate(pending)
+                yield _columns(events[:chunk_events])
+                pending, count = [events[chunk_events:]], count - chunk_events
+        if count:
+            yield _columns(np.concatenate(pending))
 
-    def _events(self) -> Iterator[tuple[int, int, int]]:
+    def _events(self) -> Iterator[np.ndarray]:
+        """`(n, 3)` arrays of the folder's events in order: runs of plain CSV lines
+        converted at once, as `DirectorySource` converts them, the other lines one at
+        a time (so that reading costs each system what it costs ncf-online)."""
         for name in self.files:
-            is_csv, first = name.endswith(".csv"), True
+            is_csv, rest, lines_before = name.endswith(".csv"), b"", 0
             with open(os.path.join(self.directory, name), "rb") as stream:
-                for number, line in enumerate(stream, 1):
-                    if not line.endswith(b"\n"):
-                        break  # still being written: not an event yet
-                    for piece in line.splitlines():  # a bare \r ends a line there too
-                        text, is_first, first = piece.strip(), first, False
-                        if not text or (is_csv and is_first and event_parsing.is_header(text)):
-                            continue
-                        try:
-                            yield event_parsing.parse_line(text, is_csv)
-                        except ValueError as error:
-                            self._refuse(f"{name} line {number}", error)
+                while block := stream.read(READ_BYTES):
+                    data = rest + block
+                    end = data.rfind(b"\n") + 1  # a line still being written: not yet
+                    lines, rest = data[:end], data[end:]
+                    done = 0
+                    runs = event_parsing.plain_csv_runs(lines) if is_csv else []
+                    for start, stop in [*runs, (len(lines), len(lines))]:
+                        where = (name, lines_before + lines.count(b"\n", 0, done))
+                        yield self._one_at_a_time(lines[done:start], is_csv, where)
+                        yield event_parsing.plain_csv_events(lines[start:stop], stop - start)[0]
+                        done = stop
+                    lines_before += lines.count(b"\n")
+
+    def _one_at_a_time(self, lines: bytes, is_csv: bool, where: tuple[str, int]) -> np.ndarray:
+        """The events of `lines` parsed one at a time; `where`: their file and the lines
+        before them in it (none: the first piece may be a CSV header)."""
+        name, number = where
+        first, events = number == 0, []
+        for line in lines.splitlines(keepends=True):  # a bare \r ends a line there too
+            text, is_first, first = line.strip(), first, False
+            if text and not (is_csv and is_first and event_parsing.is_header(text)):
+                try:
+                    events.append(event_parsing.parse_line(text, is_csv))
+                except ValueError as error:
+                    self._refuse(f"{name} line {number + 1}", error)
+            number += line.endswith(b"\n")
+        return np.array(events, np.int64).reshape(-1, 3)
 
     def _refuse(self, where: str, error: ValueError) -> None:
         if not self.dead_letters:
@@ -144,9 +167,8 @@ class EventFolder:
         self.dead_letters += 1
 
 
-def _columns(events: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    columns = np.array(events, dtype=np.int64)
-    return columns[:, 0], columns[:, 1], columns[:, 2]
+def _columns(events: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return events[:, 0], events[:, 1], events[:, 2]
 
 
 class SeenItems:
