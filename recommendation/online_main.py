@@ -5,21 +5,15 @@
         --model_dir /tmp/ncf-online --export_dir /tmp/ncf-online/export
     python -m recommendation.online_main --events_dir /data/events --model_dir ...
 
-Events are (user, item, timestamp); users and items get hash-embedding rows as they
-appear. One event in --prequential_every is first scored by the prequential protocol
-(`prequential`: HR@k, NDCG@k and AUC against sampled negatives, by cold and warm
-users), and every batch is then trained on with --num_neg negatives per event drawn
-from the items seen so far.
-Checkpoints (with the stream position) are written every --checkpoint_every_steps
-steps or --checkpoint_every_secs seconds, full every --full_checkpoint_every
-checkpoints and, between those, only what changed (a delta); only once one is on
-disk are the events it covers acknowledged to Redis; a SavedModel is exported
-(atomically, keeping --keep_exports versions) every --export_every_steps steps or
---export_every_secs seconds. SIGINT/SIGTERM finishes the step, checkpoints,
-acknowledges and exits. Redis credentials and TLS are `redis_connection`'s (the password
-from the environment or a file, never printed); a password refused while training stops
-the run with one error line (the same command resumes from the last checkpoint). Flags
-are read here only; `OnlineConfig` carries them inward.
+Users and items get hash-embedding rows as they appear; one event in
+--prequential_every is scored by the prequential protocol (`prequential`) before its
+batch trains with --num_neg negatives per event. Checkpoints (with the stream
+position; full every --full_checkpoint_every, deltas between) come by step or time,
+and only once one is on disk are its events acknowledged to Redis; SavedModels are
+exported atomically. SIGINT/SIGTERM finishes the step, checkpoints, acknowledges and
+exits. Redis credentials are `redis_connection`'s (never printed); a password refused
+while training stops the run with one error line. Flags are read here only;
+`OnlineConfig` carries them inward (docs/online.md).
 """
 
 from __future__ import annotations
@@ -34,9 +28,9 @@ import redis
 import tensorflow as tf
 from absl import app, flags, logging
 
-from official.core import model_dir, writer_lease
+from official.core import distribution_utils, model_dir, writer_lease
 from official.core.model_dir import ModelDirError
-from official.utils.flags import core
+from official.utils.flags import THREAD_FLAGS, core
 from official.utils.flags.core import (
     NON_NEGATIVE,
     POSITIVE,
@@ -88,6 +82,8 @@ class OnlineConfig:
         batch_size: Events per training step.
         sink_size: Steps per graph call.
         amp_level, boost_level: RecModel precision and speed-up levels.
+        inter_op_threads, intra_op_threads: TensorFlow's thread pools (0: its choice);
+            one thread inside an op: splitting a step's small ops cost more than it saved.
         linger_seconds: Longest wait for a batch to fill before training a partial one.
         checkpoint_every_steps, checkpoint_every_secs: Checkpoint cadence.
         full_checkpoint_every: Every how many checkpoints one is full (the others are
@@ -123,6 +119,8 @@ class OnlineConfig:
     sink_size: int = 4
     amp_level: str = "O0"
     boost_level: str = "O1"
+    inter_op_threads: int = 0
+    intra_op_threads: int = 1
     linger_seconds: float = 0.2
     checkpoint_every_steps: int | None = None
     checkpoint_every_secs: float | None = 30.0
@@ -267,14 +265,13 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
         ) from None
     finally:
         source.close()
-    history = next(c for c in chosen if isinstance(c, callbacks.MetricLogger)).history
     summary.update(
         dead_letters=source.dead_letters,
         lost_events=getattr(source, "lost_events", 0),
         lost_events_exact=getattr(source, "lost_events_exact", True),
         rewritten_files=getattr(source, "rewritten_files", None),
         reconnects=getattr(source, "reconnects", 0),
-        history=history,
+        history=next(c for c in chosen if isinstance(c, callbacks.MetricLogger)).history,
         cluster=run_summary.cluster_counts(rec_model),
         **run_summary.outputs(chosen),
     )
@@ -283,8 +280,7 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
     return summary
 
 
-# ---------------------------------------------------------------------------
-# Flags
+# -- flags -------------------------------------------------------------------
 
 
 def _parses_as_policy(value: str | None) -> bool:
@@ -386,6 +382,11 @@ ONLINE_FLAGS = (
     FlagSpec("sink_size", "Steps per graph call.", checks=(POSITIVE,)),
     FlagSpec("amp_level", "Mixed precision level.", choices=tuple(AMP_LEVELS)),
     FlagSpec("boost_level", "Speed-up level.", choices=tuple(BOOST_LEVELS)),
+    *core.at(
+        THREAD_FLAGS,
+        inter_op_parallelism_threads="inter_op_threads",
+        intra_op_parallelism_threads="intra_op_threads",
+    ),
     FlagSpec("linger_seconds", "Longest wait for a batch to fill.", checks=(NON_NEGATIVE,)),
     FlagSpec("checkpoint_every_steps", "Checkpoint cadence.", checks=(POSITIVE_OR_UNSET,)),
     FlagSpec("checkpoint_every_secs", "Checkpoint cadence.", checks=(POSITIVE_OR_UNSET,)),
@@ -408,10 +409,9 @@ ONLINE_FLAGS = (
     FlagSpec("summary_file", "Write the summary and metric history here (JSON)."),
     FlagSpec(
         "profile_steps",
-        "FIRST,LAST: profile these training steps (from 1, as logged; whole sinks) with "
-        "TensorFlow's profiler into MODEL_DIR/profile, for TensorBoard's profile tab; the "
-        "ops are named by the step's stage (id_lookup, admission, eviction, row_gather, "
-        "row_update, prequential_scoring).",
+        "FIRST,LAST: profile these steps (from 1, as logged; whole sinks) into "
+        "MODEL_DIR/profile for TensorBoard, ops named by the step's stage (id_lookup, "
+        "admission, eviction, row_gather, row_update, prequential_scoring).",
         checks=(STEP_RANGE_OR_UNSET,),
     ),
     FlagSpec(
@@ -472,10 +472,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = config_from_flags(flags.FLAGS)
-    if config.serve_as:
-        with errors.exit_on_user_errors(cluster.ClusterError):
-            cluster.serve(config.serve_as)
-        return
+    with errors.exit_on_user_errors(ValueError, cluster.ClusterError):
+        distribution_utils.configure_threads(config.inter_op_threads, config.intra_op_threads)
+        if config.serve_as:
+            return cluster.serve(config.serve_as)
     start = time.perf_counter()
     # Stop signals are RecModel's: it finishes the step, checkpoints and returns.
     with errors.exit_on_user_errors(RedisAccessError, ValueError, ModelDirError):

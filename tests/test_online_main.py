@@ -527,6 +527,8 @@ def test_the_defaults_a_user_sees_are_online_mains():
         "export_every_secs": 2.0,
         "amp_level": "O0",
         "boost_level": "O1",
+        "inter_op_parallelism_threads": 0,
+        "intra_op_parallelism_threads": 1,
     }
     assert {name: parsed[name].default for name in expected} == expected
 
@@ -535,7 +537,8 @@ def test_concepts_shared_with_ncf_main_are_its_flags():
     # The same name, help, short name and checks; only the field (and default) is online's.
     ncf = {spec.name: spec for spec in core.specs((*ncf_flags.DATA_FLAGS, *ncf_flags.NCF_FLAGS))}
     online = {spec.name: spec for spec in core.specs(online_main.ONLINE_FLAGS)}
-    for name in ("num_factors", "layers", "num_neg", "learning_rate", "top_k", "seed"):
+    names = ("num_factors", "layers", "num_neg", "learning_rate", "top_k", "seed")
+    for name in (*names, "inter_op_parallelism_threads", "intra_op_parallelism_threads"):
         assert dataclasses.replace(online[name], field="") == dataclasses.replace(
             ncf[name], field=""
         ), name

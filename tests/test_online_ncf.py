@@ -65,8 +65,8 @@ def test_candidates_are_scored_by_the_model_as_it_is_without_admitting_any():
     _admit(model.user_embedding, {1: (1.0, 1.0), 2: (0.0, 1.0)})
     _admit(model.item_embedding, {100: (1.0, -1.0), 200: (-1.0, -1.0)})
     users = tf.constant([1, 2, 3], tf.int64)  # user 3 and item 999 have no row
-    candidates = tf.constant([[100, 200, 999], [100, 200, 999], [100, 200, 999]], tf.int64)
-    scores = model.score_candidates(users, candidates).numpy()
+    items = tf.constant([100, 200, 999], tf.int64)
+    scores = model.score_candidates(users, items, tf.constant([[0, 1, 2]] * 3)).numpy()
     np.testing.assert_array_equal(scores, [[0.0, -2.0, 0.0], [-1.0, -1.0, 0.0], [0, 0, 0]])
     assert not _has_row(model.user_embedding, 3) and not _has_row(model.item_embedding, 999)
 
@@ -86,14 +86,16 @@ def test_candidates_score_as_the_whole_network_does_with_the_first_layer_split()
         rows[0] = 0.0  # the default row
         table.embeddings.assign(rows)
     users = tf.constant(generator.integers(1, 70, 40), tf.int64)  # 60 to 69: no row
-    candidates = tf.constant(generator.integers(1, 100, [40, 30]), tf.int64)
-    scores = model.score_candidates(users, candidates).numpy()
+    candidates = generator.integers(1, 100, [40, 30])
+    items, positions = np.unique(candidates, return_inverse=True)
+    scores = model.score_candidates(users, items, positions.reshape(40, 30).astype(np.int32))
     pairs_user = model.user_embedding(tf.repeat(users, 30), training=False)
-    pairs_item = model.item_embedding(tf.reshape(candidates, [-1]), training=False)
+    pairs_item = model.item_embedding(candidates.ravel(), training=False)
     expected = tf.reshape(model.score(pairs_user, pairs_item), [40, 30]).numpy()
-    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
-    assert np.std(expected) > 0.01  # trained weights: the pairs differ
-    graph = model.score_candidates.get_concrete_function().graph
+    np.testing.assert_allclose(scores.numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert np.std(expected) > 0.01  # random rows and weights: the pairs differ
+    specs = [tf.TensorSpec([None], tf.int64)] * 2 + [tf.TensorSpec([None, None], tf.int32)]
+    graph = tf.function(model.score_candidates).get_concrete_function(*specs).graph
     first_kernel = model.mlp[0].kernel.shape  # (2 x half, layer 1)
     products = [op for op in graph.get_operations() if op.type in ("MatMul", "BatchMatMulV2")]
     assert products and all(op.inputs[1].shape.as_list() != list(first_kernel) for op in products)

@@ -102,6 +102,40 @@ def test_each_sink_is_seen_as_read_on_the_reading_thread_then_before_it_trains(b
     assert watcher.began == [(ids, reader) for ids in sinks]
 
 
+class _KernelProbe(Callback):
+    """Probes the first layer's kernel, times the events of each sink (read with it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before, self.probed = [], []
+
+    def on_sink_read(self, group) -> None:
+        group.probe_inputs[self] = np.float32(group.num_events)
+
+    def probe(self, scale):
+        return self.rec_model.network.layers[0].kernel * scale
+
+    def on_sink_begin(self, group) -> None:
+        kernel = self.rec_model.network.layers[0].kernel.numpy()
+        self.before.append(kernel * np.float32(group.num_events))
+
+    def on_sink_end(self, group) -> None:
+        self.probed.append(group.probe_outputs[self])
+
+
+@pytest.mark.parametrize("boost_level", ["O0", "O1", "O2"])
+def test_a_probe_reads_the_model_as_it_was_before_its_sink_trains(boost_level):
+    """Test, then train: a callback's probe runs in each sink's graph call on what it
+    read with the sink, and sees the weights as they were before the sink's steps."""
+    probe = _KernelProbe()
+    model = RecModel(_network(), _loss(), keras.optimizers.Adam(0.1), boost_level=boost_level)
+    model.online_train(_batches(5), [probe], sink_size=2)
+    assert len(probe.probed) == 3
+    for before, probed in zip(probe.before, probe.probed, strict=True):
+        np.testing.assert_array_equal(probed, before)
+    assert not np.array_equal(probe.before[1] / 64, probe.before[0] / 64)  # it trained
+
+
 def test_what_lives_through_online_training_is_kept_out_of_the_collectors_passes():
     """The objects alive when training starts and those the trace of the step makes
     (TensorFlow, the model, the graph) are frozen while it runs, so that the lists a

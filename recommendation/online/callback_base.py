@@ -1,6 +1,7 @@
 """What RecModel calls back: `Callback`, a Keras callback that also sees the RecModel,
-each sink as it is read and before it trains, and a stream's quiet periods, and
-`CallbackList`, which calls every callback given.
+each sink as it is read, before and after it trains (and may probe the model inside
+the sink's graph call), and a stream's quiet periods, and `CallbackList`, which calls
+every callback given.
 """
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ if TYPE_CHECKING:
 
 class Callback(keras.callbacks.Callback):
     """A Keras callback that also sees the RecModel (``self.rec_model``), each sink's
-    batches as they are read (`on_sink_read`) and before they train (`on_sink_begin`),
-    and quiet periods of a stream (`on_idle`)."""
+    batches as they are read (`on_sink_read`), before they train (`on_sink_begin`) and
+    after (`on_sink_end`), and quiet periods of a stream (`on_idle`).
+
+    A callback may also define ``probe(inputs)``: a graph function of the arrays it
+    puts in ``group.probe_inputs[self]`` as a sink is read, run inside the sink's graph
+    call before its first step, so that it reads the model as it is before the sink
+    trains (test, then train) while the steps' ops take the cores it leaves; its
+    outputs are in ``group.probe_outputs[self]`` (numpy) by `on_sink_end`.
+    """
 
     rec_model: RecModel | None = None
 
@@ -28,11 +36,16 @@ class Callback(keras.callbacks.Callback):
         """Called with each sink's batches as the stream is read, in stream order, on
         the thread that reads it (boost O1+: ahead of training, while the sink before
         trains): where what follows from the stream alone is prepared, into
-        ``group.notes``, off the training thread. Touch no model state here."""
+        ``group.notes`` and ``group.probe_inputs``, off the training thread. Touch no
+        model state here."""
 
     def on_sink_begin(self, group: BatchGroup) -> None:
         """Called with each sink's batches (`stream_batches.BatchGroup`) before the
-        model trains on them: where test-then-train evaluation scores them."""
+        model trains on them."""
+
+    def on_sink_end(self, group: BatchGroup) -> None:
+        """Called with each sink's batches once the model has trained on them (and its
+        probes have run: ``group.probe_outputs``)."""
 
     def on_idle(self, logs: dict | None = None) -> None:
         """Called while the stream has no new data (about once per source poll)."""
@@ -47,6 +60,11 @@ class CallbackList:
             callback.set_model(rec_model.network)
             if isinstance(callback, Callback):
                 callback.set_rec_model(rec_model)
+
+    @property
+    def probing(self) -> list:
+        """The callbacks with a ``probe``, in order."""
+        return [callback for callback in self.callbacks if hasattr(callback, "probe")]
 
     def __getattr__(self, name: str):
         def dispatch(*args):

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import pandas as pd
 import tensorflow as tf
 from absl import logging
 
@@ -199,15 +200,16 @@ class ExportCallback(_Periodic):
 
 
 class PrequentialEvaluation(Callback):
-    """Test, then train, by one protocol for every system (`prequential`): before each
-    sink trains, its chosen events are scored against their candidates with the model
-    as it is (`OnlineNeuMF.score_candidates`). Within a sink every step is scored
+    """Test, then train, by one protocol for every system (`prequential`): each sink's
+    chosen events are scored against their candidates with the model as it is before
+    the sink trains (`OnlineNeuMF.score_candidates`, this callback's ``probe``, run in
+    the sink's graph call before its first step). Within a sink every step is scored
     before the first trains (a sink's later steps see a model up to `sink_size` - 1
     steps older than they would step by step).
 
     Which events, against which candidates, follows from the stream alone: that is
     planned as each sink is read (`on_sink_read`, on the reading thread with boost
-    O1+), so that the training thread only scores and tallies.
+    O1+), each distinct candidate once; the scores are tallied once the sink is done.
 
     Args:
         protocol: The protocol's state over this stream.
@@ -227,18 +229,26 @@ class PrequentialEvaluation(Callback):
             items = np.ravel(stacked[constants.ITEM_COLUMN][step])
             when = np.zeros_like(users) if times is None else np.ravel(times[step])
             plans.append(self.protocol.plan(users, items, when))
-        group.notes[self] = plans
-
-    def on_sink_begin(self, group) -> None:
-        plans = group.notes[self]
-        self.events += group.num_events
-        users = np.concatenate([plan.users for plan in plans])
-        if not len(users):
-            return
         candidates = np.concatenate([plan.candidates for plan in plans])
-        scores = self.rec_model.network.score_candidates(users, candidates).numpy()
-        start = 0
-        for plan in plans:
+        # Each distinct candidate looked up and projected once (found by a hash table:
+        # a sort of every candidate cost more).
+        positions, items = pd.factorize(candidates.ravel())
+        users = np.concatenate([plan.users for plan in plans])
+        group.notes[self] = plans
+        group.probe_inputs[self] = (
+            users,
+            items.astype(np.int64),
+            positions.astype(np.int32).reshape(candidates.shape),
+        )
+
+    def probe(self, inputs: tuple[tf.Tensor, tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        """The scores of the planned events' candidates (in the sink's graph call)."""
+        return self.rec_model.network.score_candidates(*inputs)
+
+    def on_sink_end(self, group) -> None:
+        self.events += group.num_events
+        scores, start = group.probe_outputs[self], 0
+        for plan in group.notes[self]:
             self.protocol.record(plan, scores[start : start + plan.size])
             start += plan.size
 

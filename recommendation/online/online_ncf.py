@@ -179,36 +179,45 @@ class OnlineNeuMF(network.NeuMF):
         loss /= tf.maximum(tf.reduce_sum(valid), 1.0)
         return {"loss": loss}
 
-    @tf.function(
-        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
-        autograph=False,
-    )
-    def score_candidates(self, users: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:
+    @tf.autograph.experimental.do_not_convert
+    def score_candidates(
+        self, users: tf.Tensor, items: tf.Tensor, positions: tf.Tensor
+    ) -> tf.Tensor:
         """Logits (float32, `(n, m)`) of each of `users` (raw ids, `(n,)`) with each of
-        its `candidates` (raw item ids, `(n, m)`), by the model as it is: nothing is
-        admitted, and ids without a row score with the default row."""
-        with tf.name_scope(step_stages.PREQUENTIAL):
-            return self._scores(users, candidates)
+        its candidates, ``items[positions]`` (`items`: distinct raw item ids, `(d,)`;
+        `positions`: `(n, m)` int32), by the model as it is: nothing is admitted, and
+        ids without a row score with the default row.
 
-    def _scores(self, users: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:
-        """`score` of every (user, candidate) pair, with each side's share computed once:
-        the user's row and half of the first MLP layer once per user, each distinct
-        candidate's row and half once per call (`network.NeuMF._score_grid`); only the
-        layers above the first run per pair."""
-        user = self.user_embedding(users, training=False)[:, None, :]
-        distinct, positions = tf.unique(tf.reshape(candidates, [-1]), out_idx=tf.int32)
-        positions = tf.reshape(positions, tf.shape(candidates))
-        rows = self.item_embedding(distinct, training=False)
-        if self.mlp:
-            terms = self._first_layer_term(rows[:, self.gmf_width :], 1)
-            logits = self._score_grid(
-                user,
-                tf.gather(rows[:, : self.gmf_width], positions),
-                tf.gather(terms, positions),
-            )
-        else:
-            logits = self._score_grid(user, tf.gather(rows, positions))
-        return tf.cast(logits, tf.float32)
+        The logit layer is linear, so the GMF share is a product of the user's weighted
+        row with each candidate's; the first MLP layer is a user term plus an item term
+        (`network.NeuMF._first_layer_term`), each user's once and each distinct item's
+        once; only the layers above it run per pair.
+        """
+        with tf.name_scope(step_stages.PREQUENTIAL):
+            user = self.user_embedding(users, training=False)
+            rows = self.item_embedding(items, training=False)
+            kernel = tf.cast(self.logit.kernel[:, 0], self.compute_dtype)
+            gmf, half = self.gmf_width, self.mlp_width
+            count = tf.shape(positions)[1]
+            logits = tf.cast(self.logit.bias, self.compute_dtype)
+            if gmf:
+                weighted = user[:, :gmf] * kernel[:gmf]
+                logits += tf.linalg.matvec(tf.gather(rows[:, :gmf], positions), weighted)
+            if self.mlp:
+                user_term = self._first_layer_term(user[:, gmf:], 0)
+                item_term = self._first_layer_term(rows[:, gmf:], 1)
+                first = self._first_layer_output(
+                    user_term[:, None], tf.gather(item_term, positions)
+                )
+                output = tf.reshape(first, [-1, tf.shape(first)[-1]])  # 2-D: fused layers
+                for layer in self.mlp[1:]:
+                    output = layer(output)
+                logits += tf.reshape(tf.linalg.matvec(output, kernel[gmf:]), [-1, count])
+            elif half:  # the MLP halves feed the logit directly
+                user_share = tf.linalg.matvec(user[:, gmf:], kernel[gmf : gmf + half])
+                item_share = tf.linalg.matvec(rows[:, gmf:], kernel[gmf + half :])
+                logits += user_share[:, None] + tf.gather(item_share, positions)
+            return tf.cast(logits, tf.float32)
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from official.core import precision, signals
@@ -81,6 +82,14 @@ def _freeze_long_lived() -> None:
     counting are freed as ever.
     """
     gc.freeze()
+
+
+def _any_length(arrays) -> Any:
+    """TensorSpecs of `arrays` (a nest) with every dimension left open."""
+    return tf.nest.map_structure(
+        lambda array: tf.TensorSpec([None] * np.ndim(array), tf.as_dtype(np.asarray(array).dtype)),
+        arrays,
+    )
 
 
 def _policy(amp_level: str) -> str | None:
@@ -146,7 +155,8 @@ class RecModel(cluster.ClusterTraining):
         self.stop_training = False
         self._checkpoint: tf.train.Checkpoint | None = None
         self._position_variable: tf.Variable | None = None
-        self._sink_calls: dict[tuple, Callable] = {}  # by element dtypes and shapes
+        # Graph calls by what they run and their inputs' dtypes and shapes.
+        self._sink_calls: dict[tuple, Callable] = {}
         self._eval_call: Callable | None = None
         self._dataset = None
         self.cluster: cluster.ClusterSteps | None = None
@@ -296,11 +306,12 @@ class RecModel(cluster.ClusterTraining):
             self.step.assign_add(1)
         return {"loss": loss, **logs}
 
-    def _make_sink_call(self, stacked) -> Callable:
-        """A graph function running `num_steps` steps over stacked batches; returns
-        the sum of each logged scalar. It is traced once for any number of steps and
-        any batch size (a partial batch from a quiet stream must not stall training
-        for a retrace)."""
+    def _make_sink_call(self, stacked, probing: list, inputs: tuple) -> Callable:
+        """A graph function running the `probing` callbacks' probes on their `inputs`,
+        then `num_steps` steps over stacked batches; returns the sum of each logged
+        scalar and the probes' outputs. It is traced once for any number of steps, any
+        batch size (a partial batch from a quiet stream must not stall training for a
+        retrace) and any length of the probes' inputs."""
         jit = self.boost_level == "O2"
         resolvable = hasattr(self.network, "resolve")
         compiled = None
@@ -321,13 +332,23 @@ class RecModel(cluster.ClusterTraining):
             lambda t: tf.TensorSpec([None, None, *t.shape[2:]], t.dtype), stacked
         )
 
-        def call(stacked, num_steps):
-            return sum_over_steps(
+        def call(stacked, num_steps, inputs):
+            # The probes first: in program order, so that their reads of the tables
+            # and weights come before any step's writes (automatic control
+            # dependencies), and the rest of their ops run beside the steps'.
+            outputs = tuple(
+                callback.probe(given) for callback, given in zip(probing, inputs, strict=True)
+            )
+            totals = sum_over_steps(
                 lambda index: step(tf.nest.map_structure(lambda t: t[index], stacked)),
                 num_steps,
             )
+            return totals, outputs
 
-        return traced(call, input_signature=[signature, tf.TensorSpec([], tf.int32)])
+        return traced(
+            call,
+            input_signature=[signature, tf.TensorSpec([], tf.int32), _any_length(inputs)],
+        )
 
     # -- the loops -----------------------------------------------------------
 
@@ -405,7 +426,8 @@ class RecModel(cluster.ClusterTraining):
                         callback_list.on_idle(logs)
                     else:
                         callback_list.on_sink_begin(group)
-                        logs = self._run_group(group)
+                        logs = self._run_group(group, callback_list.probing)
+                        callback_list.on_sink_end(group)
                         if has_position[0]:
                             self.position = group.position
                         self.trained_ids = group.ids
@@ -442,19 +464,52 @@ class RecModel(cluster.ClusterTraining):
             return "callback"
         return ""
 
-    def _run_group(self, group: BatchGroup) -> dict:
+    def _run_group(self, group: BatchGroup, probing: list) -> dict:
+        """Trains on `group` after the `probing` callbacks' probes of its inputs."""
         self._build_optimizer()
-        if self.cluster is not None:
-            return self.cluster.run(group)
-        stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
-        key = tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked))
-        traced = key not in self._sink_calls
-        if traced:
-            self._sink_calls[key] = self._make_sink_call(stacked)
-        totals = self._sink_calls[key](stacked, tf.constant(group.num_steps))
-        if traced:
+        probing = [callback for callback in probing if callback in group.probe_inputs]
+        inputs = tuple(group.probe_inputs[callback] for callback in probing)
+        if self.cluster is not None:  # the probes here, then the steps on the workers
+            outputs = self._graph_call(self._make_probe_call, None, probing, inputs)
+            logs = self.cluster.run(group)
+        else:
+            stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
+            totals, outputs = self._graph_call(
+                self._make_sink_call, stacked, probing, inputs, tf.constant(group.num_steps)
+            )
+            logs = {key: float(value) / group.num_steps for key, value in totals.items()}
+        for callback, output in zip(probing, outputs, strict=True):
+            group.probe_outputs[callback] = tf.nest.map_structure(lambda t: t.numpy(), output)
+        return logs
+
+    def _graph_call(self, make: Callable, stacked, probing: list, inputs: tuple, *more) -> Any:
+        """Calls the graph function `make` makes for these structures (made and traced
+        on first use, then the objects alive frozen: `_freeze_long_lived`)."""
+        key = (
+            make.__name__,
+            tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked) if t is not None),
+            tuple(id(callback) for callback in probing),
+            tuple(spec.dtype for spec in tf.nest.flatten(_any_length(inputs))),
+            str(tf.nest.map_structure(lambda _: 0, inputs)),
+        )
+        new = key not in self._sink_calls
+        if new:
+            self._sink_calls[key] = make(stacked, probing, inputs)
+        result = self._sink_calls[key](*(() if stacked is None else (stacked,)), *more, inputs)
+        if new:
             _freeze_long_lived()
-        return {key: float(value) / group.num_steps for key, value in totals.items()}
+        return result
+
+    def _make_probe_call(self, _, probing: list, inputs: tuple) -> Callable:
+        """A graph function of the `probing` callbacks' probes alone (on a cluster's
+        chief, before it schedules a sink's steps)."""
+
+        def call(inputs):
+            return tuple(
+                callback.probe(given) for callback, given in zip(probing, inputs, strict=True)
+            )
+
+        return traced(call, input_signature=[_any_length(inputs)])
 
     def eval(self, valid_dataset: Iterable, callbacks: list | None = None) -> dict[str, float]:
         """Evaluates `metrics` over a finite dataset of ``(data, label)`` batches (or of

@@ -38,9 +38,12 @@ class StreamBatch:
 
 @dataclasses.dataclass
 class BatchGroup:
-    """Up to sink_size batches of one structure and shape, stacked on a new axis;
-    `notes`: what callbacks prepared from them as they were read (`on_sink_read`), by
-    callback."""
+    """Up to sink_size batches of one structure and shape, stacked on a new axis.
+
+    By callback: `notes`, what it prepared from them as they were read
+    (`on_sink_read`); `probe_inputs`, the arrays its ``probe`` runs on in the sink's
+    graph call, and `probe_outputs`, what that gave (numpy), by the sink's end.
+    """
 
     stacked: Any
     num_steps: int
@@ -48,6 +51,8 @@ class BatchGroup:
     num_events: int
     ids: list
     notes: dict = dataclasses.field(default_factory=dict)
+    probe_inputs: dict = dataclasses.field(default_factory=dict)
+    probe_outputs: dict = dataclasses.field(default_factory=dict)
 
 
 def _num_examples(data) -> int:

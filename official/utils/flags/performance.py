@@ -22,6 +22,22 @@ def _positive_number(value: str) -> bool:
         return False
 
 
+# TensorFlow's thread pools (ncf-online takes these alone).
+THREAD_FLAGS = (
+    FlagSpec(
+        "inter_op_parallelism_threads",
+        "Threads running independent TensorFlow ops side by side (0: TensorFlow decides).",
+        short_name="inter",
+        checks=(NON_NEGATIVE,),
+    ),
+    FlagSpec(
+        "intra_op_parallelism_threads",
+        "Threads inside one TensorFlow op, e.g. a matmul (0: TensorFlow decides).",
+        short_name="intra",
+        checks=(NON_NEGATIVE,),
+    ),
+)
+
 PERFORMANCE_FLAGS = (
     FlagSpec(
         "dtype",
@@ -51,18 +67,7 @@ PERFORMANCE_FLAGS = (
         "Feed random batches instead of real data (pure throughput).",
         short_name="synth",
     ),
-    FlagSpec(
-        "inter_op_parallelism_threads",
-        "Threads running independent TensorFlow ops side by side (0: TensorFlow decides).",
-        short_name="inter",
-        checks=(NON_NEGATIVE,),
-    ),
-    FlagSpec(
-        "intra_op_parallelism_threads",
-        "Threads inside one TensorFlow op, e.g. a matmul (0: TensorFlow decides).",
-        short_name="intra",
-        checks=(NON_NEGATIVE,),
-    ),
+    *THREAD_FLAGS,
 )
 # --loss_scale needs --dtype fp16: the rule is the model's (a config the flags set checks
 # it, and its table turns it into a flag rule: `core.flag_rules`).
