@@ -271,7 +271,7 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
         lost_events_exact=getattr(source, "lost_events_exact", True),
         rewritten_files=getattr(source, "rewritten_files", None),
         reconnects=getattr(source, "reconnects", 0),
-        history=next(c for c in chosen if isinstance(c, callbacks.MetricLogger)).history,
+        **run_summary.rates(chosen),
         cluster=run_summary.cluster_counts(rec_model),
         **run_summary.outputs(chosen),
     )

@@ -1,6 +1,6 @@
 """Where an online step's time goes: its ops named by stage, the profile of chosen
 steps (`step_stages.ProfileSteps`, ``--profile_steps``), and the steady rate the speed
-scripts read from a run's metric history."""
+scripts read from a run's summary."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from absl import flags as absl_flags
 from conftest import load_script
 
@@ -93,3 +94,27 @@ def test_the_steady_rate_ends_at_the_last_report_before_the_stop():
     ]
     summary = {"history": history, "events": 51_000, "seconds": 9.3}
     assert online_runs.sustained_events_per_second(summary) == 20_000.0
+
+
+def test_the_steady_rate_counts_sinks_from_1_s_in_whatever_the_report_cadence(monkeypatch):
+    """A short run whose one metric report is its last, after an idle wait: the rate is
+    counted at the grain of sinks, from the first ending 1 s into the run (tracing
+    before it) to the last, as the peer harnesses count theirs; the speed scripts read
+    it from the summary."""
+    clock = [0.0]
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: clock[0])
+    logger = callbacks.MetricLogger(every_seconds=10.0)
+    logger.set_rec_model(type("Model", (), {"step": tf.Variable(0, dtype=tf.int64)})())
+    logger.on_train_begin()
+    sinks = [(0.6, 4_096), (4.0, 20_480), (4.1, 36_864), (4.2, 53_248), (4.3, 57_344)]
+    for step, (seconds, events) in enumerate(sinks, 1):
+        clock[0] = seconds
+        logger.on_train_batch_end(step, {"events": events, "step": step, "loss": 0.5})
+    clock[0] = 9.4  # the stop, after the idle timeout's wait
+    logger.on_train_end({"events": 57_344, "step": 5})
+    assert [report["seconds"] for report in logger.history] == [9.4]
+    assert logger.steady_events_per_second == pytest.approx((57_344 - 20_480) / 0.3)
+    summary = {"history": logger.history, "events": 57_344, "seconds": 9.4}
+    summary["steady_events_per_second"] = logger.steady_events_per_second
+    online_runs = load_script("online_runs")
+    assert online_runs.sustained_events_per_second(summary) == logger.steady_events_per_second

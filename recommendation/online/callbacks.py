@@ -269,10 +269,16 @@ class PrequentialEvaluation(Callback):
         return {key: value for key, value in values.items() if value is not None}
 
 
+# The steady rate leaves out this much of a run's start (start-up, the first sink's
+# tracing), as the peer harnesses leave out theirs.
+WARM_UP_SECONDS = 1.0
+
+
 class MetricLogger(Callback):
     """Logs step, events, events/s, the step logs and `gauges` every N steps or
     seconds, keeps them in `history` (one dict per report) and writes them to
-    TensorBoard.
+    TensorBoard; and the steady rate at the grain of sinks, whatever the cadence
+    (`steady_events_per_second`).
 
     Args:
         every_steps, every_seconds: Reporting cadence.
@@ -299,12 +305,29 @@ class MetricLogger(Callback):
         self._last_events = 0
         self._sums: dict[str, float] = {}
         self._count = 0
+        # (seconds, events) at the end of the first sink past the warm-up and the last.
+        self._warm: tuple[float, int] | None = None
+        self._latest: tuple[float, int] | None = None
 
     def on_train_begin(self, logs=None) -> None:
         self._start = self._last_time = time.monotonic()
+        self._warm = self._latest = None
         self.schedule.mark(int(self.rec_model.step.numpy()))
 
+    @property
+    def steady_events_per_second(self) -> float | None:
+        """Events/s from the end of the first sink at least `WARM_UP_SECONDS` into the
+        run to the end of the last (the wait for events after it left out); None until
+        two sinks are past the warm-up."""
+        if self._warm is None or self._latest[0] <= self._warm[0]:
+            return None
+        return (self._latest[1] - self._warm[1]) / (self._latest[0] - self._warm[0])
+
     def on_train_batch_end(self, batch, logs=None) -> None:
+        mark = (time.monotonic() - self._start, (logs or {}).get("events", 0))
+        if self._warm is None and mark[0] >= WARM_UP_SECONDS:
+            self._warm = mark
+        self._latest = mark
         for key, value in (logs or {}).items():
             if key not in ("events", "step"):
                 self._sums[key] = self._sums.get(key, 0.0) + value

@@ -1,5 +1,6 @@
 """What an ncf-online run reports at its end: the summary's parts drawn from the
-callbacks and the model (`outputs`, `cluster_counts`) and its one line (`summary_line`)."""
+callbacks and the model (`outputs`, `rates`, `cluster_counts`) and its one line
+(`summary_line`)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,13 @@ def outputs(chosen: list[Callback]) -> dict:
         "failed_exports": export.failures.count if export else 0,
         "failed_tensorboard_writes": found[callbacks.MetricLogger].summaries.failures.count,
     }
+
+
+def rates(chosen: list[Callback]) -> dict:
+    """The metric reports (``history``) and the steady rate at the grain of sinks
+    (``steady_events_per_second``: `callbacks.MetricLogger`)."""
+    logger = next(c for c in chosen if isinstance(c, callbacks.MetricLogger))
+    return {"history": logger.history, "steady_events_per_second": logger.steady_events_per_second}
 
 
 def summary_line(summary: dict) -> str:
