@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -197,27 +198,44 @@ class OnlineNeuMF(network.NeuMF):
             user = self.user_embedding(users, training=False)
             rows = self.item_embedding(items, training=False)
             kernel = tf.cast(self.logit.kernel[:, 0], self.compute_dtype)
-            gmf, half = self.gmf_width, self.mlp_width
-            count = tf.shape(positions)[1]
-            logits = tf.cast(self.logit.bias, self.compute_dtype)
-            if gmf:
-                weighted = user[:, :gmf] * kernel[:gmf]
-                logits += tf.linalg.matvec(tf.gather(rows[:, :gmf], positions), weighted)
+            gmf = self.gmf_width
+            # Each user's and each item's share: the GMF weights on the user's side, the
+            # first MLP layer's terms (or, without one, each half's logit share).
+            user_parts, item_parts = [user[:, :gmf] * kernel[:gmf]], [rows[:, :gmf]]
             if self.mlp:
-                user_term = self._first_layer_term(user[:, gmf:], 0)
-                item_term = self._first_layer_term(rows[:, gmf:], 1)
-                first = self._first_layer_output(
-                    user_term[:, None], tf.gather(item_term, positions)
-                )
-                output = tf.reshape(first, [-1, tf.shape(first)[-1]])  # 2-D: fused layers
-                for layer in self.mlp[1:]:
-                    output = layer(output)
-                logits += tf.reshape(tf.linalg.matvec(output, kernel[gmf:]), [-1, count])
-            elif half:  # the MLP halves feed the logit directly
-                user_share = tf.linalg.matvec(user[:, gmf:], kernel[gmf : gmf + half])
-                item_share = tf.linalg.matvec(rows[:, gmf:], kernel[gmf + half :])
-                logits += user_share[:, None] + tf.gather(item_share, positions)
-            return tf.cast(logits, tf.float32)
+                user_parts.append(self._first_layer_term(user[:, gmf:], 0))
+                item_parts.append(self._first_layer_term(rows[:, gmf:], 1))
+            elif self.mlp_width:  # the MLP halves feed the logit directly
+                half = self.mlp_width
+                user_parts.append(user[:, gmf:] @ kernel[gmf : gmf + half, None])
+                item_parts.append(rows[:, gmf:] @ kernel[gmf + half :, None])
+            return _in_blocks(
+                lambda start, end: self._pair_logits(
+                    [part[start:end] for part in user_parts],
+                    item_parts,
+                    positions[start:end],
+                    kernel[gmf:],
+                ),
+                tf.shape(users)[0],
+            )
+
+    def _pair_logits(self, user_parts, item_parts, positions, mlp_kernel) -> tf.Tensor:
+        """`(n, m)` float32 logits of `n` users' shares with their candidates' (the
+        parts `score_candidates` makes; `positions` into the items')."""
+        logits = tf.cast(self.logit.bias, self.compute_dtype)
+        if self.gmf_width:
+            logits += tf.linalg.matvec(tf.gather(item_parts[0], positions), user_parts[0])
+        if self.mlp:
+            first = self._first_layer_output(
+                user_parts[1][:, None], tf.gather(item_parts[1], positions)
+            )
+            output = tf.reshape(first, [-1, tf.shape(first)[-1]])  # 2-D: fused layers
+            for layer in self.mlp[1:]:
+                output = layer(output)
+            logits += tf.reshape(tf.linalg.matvec(output, mlp_kernel), tf.shape(positions))
+        elif self.mlp_width:
+            logits += user_parts[1] + tf.gather(item_parts[1], positions)[..., 0]
+        return tf.cast(logits, tf.float32)
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -247,6 +265,26 @@ class OnlineNeuMF(network.NeuMF):
 
     def _eviction(self, table: HashEmbedding) -> str | None:
         return None if table.evict_filter_value is not None else str(table.policy)
+
+
+# Scored events per block of `score_candidates`: its per-pair tensors stay a few MB
+# (all of a sink's at once took about 60 MB of peak memory, for no speed).
+SCORING_BLOCK = 256
+
+
+def _in_blocks(logits_of: Callable, count: tf.Tensor) -> tf.Tensor:
+    """``logits_of(start, end)`` over [0, `count`) in blocks of `SCORING_BLOCK` rows
+    (one block when there are none), concatenated."""
+    blocks = tf.maximum(1, (count + SCORING_BLOCK - 1) // SCORING_BLOCK)
+
+    def block(index, done):
+        start = index * SCORING_BLOCK
+        end = tf.minimum(start + SCORING_BLOCK, count)
+        return index + 1, done.write(index, logits_of(start, end))
+
+    done = tf.TensorArray(tf.float32, size=blocks, infer_shape=False)
+    _, done = tf.while_loop(lambda index, _: index < blocks, block, (0, done))
+    return done.concat()
 
 
 def _probe_batch(values) -> dict:
