@@ -7,9 +7,13 @@ user's last interaction held out, 999 sampled evaluation negatives), publishes t
 other ratings into a stream in timestamp order, and measures
 
 - sustained throughput: events/s trained by ``online_main`` (4 negatives each) at
-  each boost level, the O0 run as the baseline (ratio); with --trees, the trainers of
+  each boost level, the O0 run as the baseline (ratio), from the Redis stream or the
+  same events as a folder of CSV files (--sources); with --trees, the trainers of
   other checkouts (another commit: ``git worktree add``) take turns with this one's
   in the same runs, and the first of them at O1 (or its first level) is the baseline;
+  --variant adds runs of this checkout with more flags (nothing scored, another
+  batch). Before any change to the step's path, run it against the checkout before
+  the change (docs/benchmarks.md says how) and keep the ratio;
 - freshness: ratings replayed at --live_rate events/s while ``online_main`` runs with
   its default export cadence; for each export, the time from the publication of the
   oldest rating it newly contains to the export's appearance. With --live_ids N the
@@ -110,6 +114,18 @@ flags.DEFINE_list(
     [],
     "NAME=PATH checkouts whose trainers take turns with this checkout's in the "
     "throughput runs (the first is the baseline of the ratios).",
+)
+flags.DEFINE_list(
+    "sources",
+    ["redis"],
+    "Where the throughput runs read the training events: redis (the stream), folder "
+    "(the same events as CSV files, --events_dir), or both.",
+)
+flags.DEFINE_multi_string(
+    "variant",
+    [],
+    "NAME:FLAGS, a throughput run of this checkout at O1 with more ncf-online flags "
+    "(space-separated), beside the others: 'nothing scored:--prequential_every=1000000'.",
 )
 flags.DEFINE_list(
     "parts",
@@ -215,20 +231,26 @@ def _trees() -> dict[str, str]:
     return trees
 
 
+def _redis(redis_url: str, stream: str) -> str:
+    """The trainer's source flags for `stream` of the Redis at `redis_url`."""
+    return f"--redis_url={redis_url} --stream={stream}"
+
+
 def _trainer(
-    redis_url: str, stream: str, group: str, work_dir: str, *extra: str, tree: str = ROOT
+    source: str, group: str, work_dir: str, *extra: str, tree: str = ROOT
 ) -> subprocess.Popen:
-    """``online_main`` of the checkout at `tree` (its own modules first on the path)."""
+    """``online_main`` of the checkout at `tree` (its own modules first on the path),
+    reading `source`: ``--redis_url=... --stream=...`` or ``--events_dir=...``."""
     folder = os.path.join(work_dir, group)
     log = open(os.path.join(work_dir, f"{group}.log"), "w")
     environment = {**os.environ, "PYTHONPATH": tree}
+    reading = [f"--events_dir={source}"] if os.path.isdir(source) else source.split()
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "recommendation.online_main",
-            f"--redis_url={redis_url}",
-            f"--stream={stream}",
+            *reading,
             f"--group={group}",
             f"--model_dir={folder}/model",
             f"--summary_file={folder}/summary.json",
@@ -248,38 +270,51 @@ def _summary(work_dir: str, group: str) -> dict:
         return json.load(summary)
 
 
-def _throughput(redis_url: str, work_dir: str, events: int) -> dict[tuple[str, str], dict]:
-    """Sustained events/s per (checkout, boost level): they take turns, --repeats
-    rounds, so that a change in the machine's load falls on all of them alike."""
-    trees = _trees()
-    runs = [(tree, level) for tree in trees for level in FLAGS.boost_levels]
-    rates: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
-    loads: dict[tuple[str, str], list[str]] = {run: [] for run in runs}
+def _throughput_runs() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, tree root, more flags) of each throughput run: every checkout at every
+    --boost_levels, then this one's --variant runs at O1."""
+    runs = [
+        (f"{tree}: boost {level}", root, (f"--boost_level={level}",))
+        for tree, root in _trees().items()
+        for level in FLAGS.boost_levels
+    ]
+    for variant in FLAGS.variant:
+        name, _, more = variant.partition(":")
+        runs.append((f"{THIS_TREE} {name}: boost O1", ROOT, ("--boost_level=O1", *more.split())))
+    return runs
+
+
+def _throughput(sources: dict[str, str], work_dir: str, events: int) -> dict:
+    """Sustained events/s by (source, run) (`_throughput_runs`): they take turns,
+    --repeats rounds, so that a change in the machine's load falls on all of them
+    alike."""
+    runs = [(source, *run) for source in sources for run in _throughput_runs()]
+    rates: dict[tuple[str, str], list[float]] = {(run[0], run[1]): [] for run in runs}
+    loads: dict[tuple[str, str], list[str]] = {key: [] for key in rates}
     for round_index in range(FLAGS.repeats):
-        for tree, level in runs:
-            group = f"boost-{tree}-{level}-{round_index}"
-            loads[tree, level].append(_load())
+        for number, (source, name, root, more) in enumerate(runs):
+            group = f"throughput-{number}-{round_index}"
+            loads[source, name].append(_load())
             process = _trainer(
-                redis_url,
-                "train",
+                sources[source],
                 group,
                 work_dir,
-                f"--boost_level={level}",
+                *more,
                 f"--max_events={events}",
                 "--idle_timeout_secs=5",
-                tree=trees[tree],
+                tree=root,
             )
             process.wait()
-            rates[tree, level].append(sustained_events_per_second(_summary(work_dir, group)))
-            logging.info("%s boost %s: %.0f events/s", tree, level, rates[tree, level][-1])
+            rates[source, name].append(sustained_events_per_second(_summary(work_dir, group)))
+            logging.info("%s, %s: %.0f events/s", source, name, rates[source, name][-1])
     return {
-        run: {
+        key: {
             "events": events,
-            "rate": float(np.mean(rates[run])),
-            "runs": rates[run],
-            "load": loads[run][0],
+            "rate": float(np.mean(rates[key])),
+            "runs": rates[key],
+            "load": loads[key][0],
         }
-        for run in runs
+        for key in rates
     }
 
 
@@ -327,8 +362,7 @@ def _cluster_run(
         os.environ["TF_CONFIG"] = _tf_config(spec, "chief", 0)
     try:
         process = _trainer(
-            redis_url,
-            stream,
+            _redis(redis_url, stream),
             group,
             work_dir,
             f"--max_events={events}",
@@ -440,7 +474,11 @@ def _full_pass(redis_url: str, work_dir: str) -> tuple[dict, str, str]:
     load = _load()
     export_dir = os.path.join(work_dir, "full", "export")
     process = _trainer(
-        redis_url, "train", "full", work_dir, f"--export_dir={export_dir}", "--idle_timeout_secs=5"
+        _redis(redis_url, "train"),
+        "full",
+        work_dir,
+        f"--export_dir={export_dir}",
+        "--idle_timeout_secs=5",
     )
     process.wait()
     return _summary(work_dir, "full"), versioned_export.latest_export(export_dir), load
@@ -603,7 +641,9 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
         if FLAGS.capacity is not None
         else []
     )
-    process = _trainer(redis_url, "live", "live", work_dir, f"--export_dir={export_dir}", *capacity)
+    process = _trainer(
+        _redis(redis_url, "live"), "live", work_dir, f"--export_dir={export_dir}", *capacity
+    )
     try:
         # started, traced, the warm-up trained (or, without live ids, a first export)
         warm_up_seconds = _wait_for_warm_up(
@@ -664,45 +704,39 @@ def _offline(config: DataConfig, work_dir: str) -> tuple[float, float, str]:
     return summary["best_hr"], time.perf_counter() - start, load
 
 
-def _baseline(throughput: dict) -> tuple[str, float | None]:
-    """The ratios' baseline: with --trees the first checkout at O1 (else its first
-    level), without them this checkout at O0."""
-    if not throughput:
-        return "", None
-    if FLAGS.trees:
-        tree = next(iter(_trees()))
-        level = "O1" if "O1" in FLAGS.boost_levels else FLAGS.boost_levels[0]
-        return f"{tree} {level}", throughput[tree, level]["rate"]
-    return "O0", throughput.get((THIS_TREE, "O0"), {}).get("rate")
+def _baseline_run() -> str:
+    """The ratios' baseline run (`_throughput_runs`): with --trees the first checkout
+    at O1 (else its first level), without them this checkout at O0 (else its first)."""
+    tree = next(iter(_trees()))
+    level = "O0" if not FLAGS.trees else "O1"
+    level = level if level in FLAGS.boost_levels else FLAGS.boost_levels[0]
+    return f"{tree}: boost {level}"
 
 
 def _print_throughput(throughput: dict, full) -> None:
-    name, base = _baseline(throughput)
-    print(f"sustained events/s (mean of {FLAGS.repeats} interleaved runs each, runs in brackets)")
+    base_run = _baseline_run()
     print(
-        f"run                         |    events | sustained events/s | vs {name:6} | load average"
+        f"sustained events/s (mean of {FLAGS.repeats} interleaved runs each, runs in "
+        f"brackets); ratios to '{base_run}' reading the same source"
     )
-    print(f"----------------------------+-----------+--------------------+-{'-' * 9}+-------------")
-    rows = []
-    for (tree, level), r in throughput.items():
-        label = f"boost {level}, sink 4" if not FLAGS.trees else f"{tree}: boost {level}, sink 4"
-        rows.append((label, r))
+    print(
+        "run                                  |    events | sustained events/s |     ratio | load"
+    )
+    print(
+        "-------------------------------------+-----------+--------------------+-----------+-----"
+    )
+    rows = [((source, name), r) for (source, name), r in throughput.items()]
     if full is not None:
-        summary = full[0]
-        rows.append(
-            (
-                "full pass, defaults (O1)",
-                {
-                    "events": summary["events"],
-                    "rate": sustained_events_per_second(summary),
-                    "load": full[2],
-                },
-            )
-        )
-    for label, r in rows:
+        summary, _, load = full
+        rate = sustained_events_per_second(summary)
+        full_row = {"events": summary["events"], "rate": rate, "load": load}
+        rows.append((("redis", "full pass, defaults (O1)"), full_row))
+    for (source, name), r in rows:
+        base = throughput.get((source, base_run), {}).get("rate")
         ratio = f"{r['rate'] / base:8.2f}x" if base else "        -"
         runs = " (" + ", ".join(f"{x:,.0f}" for x in r["runs"]) + ")" if "runs" in r else ""
-        print(f"{label:27} | {r['events']:9,} | {r['rate']:18,.0f} | {ratio} | {r['load']}{runs}")
+        label = f"{source} {name}"
+        print(f"{label:36} | {r['events']:9,} | {r['rate']:18,.0f} | {ratio} | {r['load']}{runs}")
     print()
 
 
@@ -818,7 +852,13 @@ def main(argv: list[str]) -> None:
         )
         publish = len(train_events) / (time.perf_counter() - start)
         if "throughput" in FLAGS.parts:
-            throughput = _throughput(redis_url, work_dir, FLAGS.throughput_events)
+            sources = {"redis": _redis(redis_url, "train")}
+            if "folder" in FLAGS.sources:
+                events_dir = os.path.join(work_dir, "events")
+                replay_events.replay(replay_events.DirectoryPublisher(events_dir), train_events, 0)
+                sources["folder"] = events_dir
+            sources = {source: sources[source] for source in FLAGS.sources}
+            throughput = _throughput(sources, work_dir, FLAGS.throughput_events)
         if "full_pass" in FLAGS.parts:
             full = _full_pass(redis_url, work_dir)
             full_hr = _hit_rate(full[1], data, blocks)
