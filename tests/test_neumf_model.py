@@ -363,6 +363,45 @@ def test_lazy_adam_step_matches_the_formula():
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5)
 
 
+def test_lazy_adam_rows_read_and_write_each_row_once_with_the_formulas_values():
+    """A table's rows and moments: each distinct row read once and written once by
+    copy (no scatter that adds or subtracts, a kernel per row), to the hand-computed
+    Adam step; rows outside the gradient untouched."""
+    table = tf.Variable(np.ones((4, 2), np.float32))
+    momentum = tf.Variable(np.full((4, 2), 0.5, np.float32))
+    velocity = tf.Variable(np.full((4, 2), 0.25, np.float32))
+    gradient = tf.IndexedSlices(
+        tf.constant([[0.5, -1.0], [1.0, 2.0], [0.5, 1.0]]), tf.constant([2, 0, 2])
+    )
+
+    @tf.function(autograph=False)
+    def step():
+        optimizers.lazy_adam_rows(
+            gradient,
+            table,
+            momentum,
+            velocity,
+            tf.constant(0.1),
+            0.9,
+            0.999,
+            1e-8,
+            tf.constant(3.0),
+        )
+
+    ops = [op.type for op in step.get_concrete_function().graph.get_operations()]
+    assert ops.count("ResourceGather") == 3 and ops.count("ResourceScatterUpdate") == 3
+    assert not [op for op in ops if op.startswith("ResourceScatter") and "Update" not in op]
+    step()
+    alpha = 0.1 * math.sqrt(1 - 0.999**3) / (1 - 0.9**3)
+    expected = np.ones((4, 2))
+    for row, g in ((2, np.array([1.0, 0.0])), (0, np.array([1.0, 2.0]))):
+        m, v = 0.9 * 0.5 + 0.1 * g, 0.999 * 0.25 + 0.001 * g**2
+        expected[row] -= alpha * m / (np.sqrt(v) + 1e-8)
+        np.testing.assert_allclose(momentum.numpy()[row], m, rtol=1e-6)
+        np.testing.assert_allclose(velocity.numpy()[row], v, rtol=1e-6)
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6)
+
+
 def test_epoch_decay_holds_then_shrinks_once_per_epoch():
     params = _params(
         learning_rate=0.8, learning_rate_decay=0.5, decay_start_epoch=2, steps_per_epoch=3

@@ -625,19 +625,26 @@ PLAIN = [b"user", b"12", b"item", b"3400", b"timestamp", b"978300760"]
         ([b"user", b" 12", b"item", b"1", b"timestamp", b"1"], False),
         ([b"user", "١٢".encode(), b"item", b"1", b"timestamp", b"1"], False),  # Arabic digits
         ([b"user", b"-1", b"item", b"1", b"timestamp", b"1"], False),
+        ([b"user", b"1,2", b"item", b"1", b"timestamp", b"1"], False),  # a comma inside
+        (["user", "12", "item", "1", "timestamp", "1"], False),  # texts, not bytes
         ([b"item", b"1", b"user", b"12", b"timestamp", b"1"], False),  # another field order
         ([b"json", b'{"user": 1, "item": 2, "timestamp": 3}', b"a", b"b", b"c", b"d"], False),
     ],
 )
 def test_plain_redis_entries_convert_in_numpy_as_the_general_path_does(flat, plain):
     """The vectorised conversion of a reply takes only what `parse_event` takes, with
-    the same values; the rest (and a reply it cannot lay out as a table) goes to the
-    general path, entry by entry."""
+    the same values, whether the reply is all of one kind (converted as one text) or
+    mixed (entry by entry in a table); the rest (and a reply it cannot lay out as a
+    table) goes to the general path, entry by entry."""
     events, converted = redis_source._plain_redis_events([PLAIN, flat, PLAIN])
     assert converted.tolist() == [True, plain, True]
     fields = dict(zip(flat[::2], flat[1::2], strict=True))
     if plain:
         assert tuple(events[1]) == event_parsing.parse_event(fields)
+    alike, converted = redis_source._plain_redis_events([flat, flat])
+    assert converted.tolist() == [plain, plain]
+    if plain:
+        assert [tuple(row) for row in alike.tolist()] == [event_parsing.parse_event(fields)] * 2
     assert tuple(events[0]) == tuple(events[2]) == (12, 3400, 978300760)
     for odd in (None, [b"user", b"1"], PLAIN + [b"extra", b"1"]):  # deleted, short, long
         assert not redis_source._plain_redis_events([PLAIN, odd])[1].any()

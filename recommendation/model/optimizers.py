@@ -62,12 +62,14 @@ def lazy_adam_rows(
     )
     alpha = learning_rate * tf.sqrt(1 - tf.pow(beta_2, step)) / (1 - tf.pow(beta_1, step))
     # Gathered from the tf.Variables (a ResourceGather): a dense read of a variable
-    # that scatters write copies all of it first.
+    # that scatters write copies all of it first. Each row read once and written once:
+    # a scatter that subtracts runs a kernel per row, several times a scatter's copy.
     new_m = beta_1 * tf.gather(momentum, rows) + (1 - beta_1) * grad
     new_v = beta_2 * tf.gather(velocity, rows) + (1 - beta_2) * tf.square(grad)
+    new_rows = tf.gather(variable, rows) - alpha * new_m / (tf.sqrt(new_v) + epsilon)
     momentum.scatter_update(tf.IndexedSlices(new_m, rows))
     velocity.scatter_update(tf.IndexedSlices(new_v, rows))
-    variable.scatter_sub(tf.IndexedSlices(alpha * new_m / (tf.sqrt(new_v) + epsilon), rows))
+    variable.scatter_update(tf.IndexedSlices(new_rows, rows))
 
 
 def decayed_learning_rate(params: hyperparams.ModelParams, step: tf.Tensor) -> tf.Tensor:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import itertools
+import re
 import time
 
 import numpy as np
@@ -42,6 +44,35 @@ COMMANDS = (
 _RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
+# A reply's values joined by commas (and one after the last) when each is plain.
+_PLAIN_VALUES = re.compile(rb"(?:[0-9]{1,18},)+")
+
+
+def _all_plain(flats: list) -> np.ndarray | None:
+    """`(n, 3)` events of a reply whose entries are all plain (`_plain_redis_events`),
+    converted as one text; None for any other reply. The common reply, at a fraction
+    of the cost of the entry-by-entry table (list operations in C, no object array)."""
+    count = len(flats)
+    try:
+        if set(map(len, flats)) != {6}:
+            return None
+    except TypeError:  # a deleted entry (None)
+        return None
+    fields = list(itertools.chain.from_iterable(flats))
+    for offset, name in enumerate((b"user", b"item", b"timestamp")):
+        if fields[2 * offset :: 6].count(name) != count:
+            return None
+    try:
+        text = b",".join(fields[1::2]) + b","
+    except TypeError:  # values that are not bytes
+        return None
+    if not _PLAIN_VALUES.fullmatch(text):
+        return None
+    values = np.fromstring(text, np.int64, sep=",")
+    # A value holding a comma would be two numbers: then the count is off.
+    return values.reshape(-1, 3) if len(values) == 3 * count else None
+
+
 def _plain_redis_events(flats: list) -> tuple[np.ndarray, np.ndarray]:
     """`(events (n, 3) int64, plain (n,) bool)` of stream entries' flat field lists,
     converted in numpy (one entry at a time in Python cost more than training on it).
@@ -52,6 +83,9 @@ def _plain_redis_events(flats: list) -> tuple[np.ndarray, np.ndarray]:
     of `events` undefined) are left to `_redis_event`.
     """
     count = len(flats)
+    events = _all_plain(flats)
+    if events is not None:
+        return events, np.ones(count, bool)
     events = np.zeros((count, 3), np.int64)
     try:
         table = np.array(flats, dtype=object).reshape(count, 6)
