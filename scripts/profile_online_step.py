@@ -12,7 +12,7 @@ For each:
 1. the input alone: the folder read, parsed and batched as the trainer's background
    thread does it (`EventStream` over `DirectorySource`), with no training: events/s;
 2. timed runs: ``ncf-online`` with the flags (`online_runs.stream_run`), steady
-   events/s between its first and last metric reports; the streams take turns,
+   events/s (`online_runs.sustained_events_per_second`); the streams take turns,
    --repeats rounds, and each stream's median counts;
 3. a profiled run: the same with ``--profile_steps`` over its last --profile_window
    steps but the last few (the tables at their fullest); TensorFlow's op times in it
