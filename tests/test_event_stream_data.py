@@ -76,6 +76,17 @@ def test_planted_preferences_only_when_chosen_among_candidates(candidates, low, 
     assert low < affinity < high
 
 
+def test_clustered_tastes_share_their_centres_and_keep_the_affinities_spread():
+    alike = dataclasses.replace(SMALL, taste_clusters=4, taste_spread=0.0)
+    assert len(np.unique(event_stream_data.plant(alike, 3).planted.user_factors, axis=0)) == 4
+    planted = event_stream_data.plant(dataclasses.replace(SMALL, taste_clusters=64), 3).planted
+    affinity = planted.user_factors @ planted.item_factors.T
+    assert 2.7 < affinity.std() < 3.3  # preference_strength, as without clusters
+    own = event_stream_data.plant(SMALL, 3).planted
+    assert not np.array_equal(own.user_factors, planted.user_factors)
+    np.testing.assert_array_equal(own.item_factors, planted.item_factors)
+
+
 def test_same_seed_same_bytes_other_seed_other_stream():
     first = event_stream_data.generate(SMALL, seed=7)
     again = event_stream_data.generate(SMALL, seed=7)
@@ -140,6 +151,8 @@ def test_the_trainer_source_reads_the_files(tmp_path):
         (dataclasses.replace(TINY, popularity_drift=-0.1), "popularity_drift must be"),
         (dataclasses.replace(TINY, activity_tail=0.01), "activity_tail must be at least"),
         (dataclasses.replace(TINY, start_timestamp=2**63 - 10), "past int64"),
+        (dataclasses.replace(TINY, taste_clusters=-1), "taste_clusters must be >= 0, got -1"),
+        (dataclasses.replace(TINY, taste_spread=1.5), r"taste_spread must be in \[0, 1\], got 1.5"),
     ],
 )
 def test_bad_sizes_are_rejected(spec, message):

@@ -38,10 +38,11 @@ plus the events of the users active at once and twice one output file's text.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -81,6 +82,9 @@ class EventStreamSpec:
             among (1: no preferences).
         latent_dim: Rank of the planted preferences.
         preference_strength: Standard deviation of the planted affinities <u, v>.
+        taste_clusters: Users share one of this many tastes, each with a personal
+            share `taste_spread` of its variance (0: every user a taste of their own).
+        taste_spread: The personal share of a clustered user's taste variance.
         max_user_id: User ids are drawn from 1..max_user_id.
         max_item_id: Item ids are drawn from 1..max_item_id.
     """
@@ -97,6 +101,8 @@ class EventStreamSpec:
     candidates: int = 8
     latent_dim: int = 8
     preference_strength: float = 3.0
+    taste_clusters: int = 0
+    taste_spread: float = 0.2
     max_user_id: int = 10**12
     max_item_id: int = 10**9
 
@@ -113,6 +119,10 @@ class EventStreamSpec:
                 raise DataError(f"{name} must be finite and positive, got {getattr(self, name)}")
         if not 0.1 <= self.activity_tail < float("inf"):  # below, Pareto weights overflow
             raise DataError(f"activity_tail must be at least 0.1, got {self.activity_tail}")
+        if self.taste_clusters < 0:
+            raise DataError(f"taste_clusters must be >= 0, got {self.taste_clusters}")
+        if not 0 <= self.taste_spread <= 1:
+            raise DataError(f"taste_spread must be in [0, 1], got {self.taste_spread}")
         for name in ("popularity_drift", "preference_strength"):
             if not 0 <= getattr(self, name) < float("inf"):
                 raise DataError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
@@ -176,6 +186,8 @@ def plant(spec: EventStreamSpec, seed: int) -> EventStreamModel:
         ),
         rng,
     )
+    if spec.taste_clusters:
+        planted = _clustered(spec, planted, rng)
     user_ids = rng.choice(spec.max_user_id, spec.num_users, replace=False) + 1
     lifetimes = np.minimum(
         np.floor(rng.exponential(spec.mean_lifetime_seconds, spec.num_users)),
@@ -195,6 +207,20 @@ def plant(spec: EventStreamSpec, seed: int) -> EventStreamModel:
         rank_items=np.argsort(-planted.item_log_weight, kind="stable"),
         planted=dataclasses.replace(planted, user_factors=planted.user_factors[order]),
     )
+
+
+def _clustered(
+    spec: EventStreamSpec, planted: SyntheticTruth, rng: np.random.Generator
+) -> SyntheticTruth:
+    """`planted` with each user's taste one of `taste_clusters` shared ones plus its
+    own (a `taste_spread` share of the variance), the affinities' spread unchanged:
+    a user's first events tell their cluster, so their history predicts the rest."""
+    scale = np.sqrt(spec.preference_strength / np.sqrt(spec.latent_dim))
+    centres = rng.standard_normal((spec.taste_clusters, spec.latent_dim)) * scale
+    members = rng.integers(0, spec.taste_clusters, spec.num_users)
+    shared = np.sqrt(1.0 - spec.taste_spread) * centres[members]
+    own = np.sqrt(spec.taste_spread) * planted.user_factors
+    return dataclasses.replace(planted, user_factors=(shared + own).astype(np.float32))
 
 
 def iter_events(
@@ -259,7 +285,8 @@ def _draw_items(
     )
     # Exponential race: the smallest E_i / exp(affinity_i) wins with p ~ exp(affinity_i);
     # compared as logs, which do not overflow.
-    keys = np.log(rng.standard_exponential(affinity.shape, dtype=np.float32)) - affinity
+    with np.errstate(divide="ignore"):  # a draw of 0 (float32) wins outright: log -inf
+        keys = np.log(rng.standard_exponential(affinity.shape, dtype=np.float32)) - affinity
     return np.take_along_axis(candidates, np.argmin(keys, axis=1)[:, None], axis=1)[:, 0]
 
 
@@ -284,10 +311,14 @@ def write_event_files(
     directory: str,
     num_files: int | None = None,
     show_progress: bool = False,
+    model: EventStreamModel | None = None,
+    on_block: Callable[[RawRatings], None] | None = None,
 ) -> list[str]:
     """Writes the stream as `num_files` CSV files (default: one per `FILE_EVENTS`
     events) of nearly equal size, each atomically and in time order, so a trainer
-    tailing `directory` can start on the first files while later ones are made.
+    tailing `directory` can start on the first files while later ones are made;
+    `on_block` sees each block of the stream as it is written (`model`: the
+    stream's, when the caller has planted it).
 
     Raises:
         DataError: Bad sizes, a folder that cannot be written or already holds event
@@ -309,7 +340,9 @@ def write_event_files(
     progress = (
         ProgressBar(spec.num_events, "generating events", " events") if show_progress else None
     )
-    for block in iter_events(spec, seed):
+    for block in iter_events(spec, seed, model):
+        if on_block:
+            on_block(block)
         offset = 0
         while offset < len(block):
             take = min(len(block) - offset, bounds[len(paths) + 1] - written)
@@ -381,6 +414,21 @@ def define_flags() -> None:
     flags.DEFINE_integer("num_users", defaults.num_users, "Distinct users.")
     flags.DEFINE_integer("num_items", defaults.num_items, "Items.")
     flags.DEFINE_integer("num_events", defaults.num_events, "Events (exact).")
+    flags.DEFINE_integer(
+        "candidates",
+        defaults.candidates,
+        "Popularity draws each event chooses among by the user's taste (1: popularity alone).",
+    )
+    flags.DEFINE_float(
+        "preference_strength",
+        defaults.preference_strength,
+        "Standard deviation of the planted user-item affinities (0: no taste).",
+    )
+    flags.DEFINE_integer(
+        "taste_clusters",
+        defaults.taste_clusters,
+        "Users share one of this many tastes, with a personal part (0: each their own).",
+    )
     flags.DEFINE_integer("seed", 0, "Random seed; the same seed writes the same files.")
     flags.DEFINE_integer(
         "files", None, f"Files to split the stream into (default: one per {FILE_EVENTS:,} events)."
@@ -392,11 +440,28 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     spec = EventStreamSpec(
-        num_users=FLAGS.num_users, num_items=FLAGS.num_items, num_events=FLAGS.num_events
+        num_users=FLAGS.num_users,
+        num_items=FLAGS.num_items,
+        num_events=FLAGS.num_events,
+        candidates=FLAGS.candidates,
+        preference_strength=FLAGS.preference_strength,
+        taste_clusters=FLAGS.taste_clusters,
     )
+    # Imported here: the references read this module's model.
+    from recommendation.data import stream_references
+
     start = time.monotonic()
     try:
-        paths = write_event_files(spec, FLAGS.seed, FLAGS.events_dir, FLAGS.files, True)
+        spec.validate()
+        model = plant(spec, FLAGS.seed)
+        references = stream_references.StreamReferences(spec, model)
+        paths = write_event_files(
+            spec, FLAGS.seed, FLAGS.events_dir, FLAGS.files, True, model, references.add
+        )
+        scores = references.results()
+        reference_path = os.path.join(FLAGS.events_dir, stream_references.FILE_NAME)
+        record = {"seed": FLAGS.seed, "spec": dataclasses.asdict(spec), **scores}
+        _write(reference_path, (json.dumps(record, indent=1) + "\n").encode())
     except DataError as error:
         sys.exit(f"error: {error}")
     print(
@@ -404,6 +469,13 @@ def main(argv: list[str]) -> None:
         f"{spec.num_items:,} items to {len(paths)} file(s) in {FLAGS.events_dir} "
         f"in {time.monotonic() - start:.1f} s"
     )
+    for name, result in scores.items():
+        print(
+            f"{name} reference: prequential HR@10 {result['all']['hr']:.4f} "
+            f"(cold {result['cold']['hr']:.4f}, warm {result['warm']['hr']:.4f}; "
+            f"{result['all']['scored']:,} scored)"
+        )
+    print(f"reference scores: {reference_path}")
 
 
 if __name__ == "__main__":
