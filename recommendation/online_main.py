@@ -36,7 +36,6 @@ from official.utils.flags.core import (
     POSITIVE,
     POSITIVE_OR_UNSET,
     STEP_RANGE_OR_UNSET,
-    Check,
     FlagSpec,
     Rule,
 )
@@ -46,7 +45,7 @@ from recommendation.model.hyperparams import ModelParams
 from recommendation.online import (
     callbacks,
     cluster,
-    eviction,
+    model_flags,
     online_ncf,
     prequential,
     redis_connection,
@@ -283,19 +282,6 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
 # -- flags -------------------------------------------------------------------
 
 
-def _parses_as_policy(value: str | None) -> bool:
-    try:
-        return value is None or bool(eviction.parse_policy(value))
-    except ValueError:
-        return False
-
-
-EVICTION_POLICY = Check(
-    _parses_as_policy,
-    "--{flag} must be none, lru, lfu, lfu:HALF_LIFE_STEPS, ttl:STEPS or ttl:SECONDSs",
-)
-
-
 # Every flag of ``online_main``, on `OnlineConfig` (which holds the defaults); the
 # concepts it shares with ncf-main are ncf-main's flags.
 ONLINE_FLAGS = (
@@ -314,55 +300,7 @@ ONLINE_FLAGS = (
     FlagSpec("keep_exports", "Export versions kept.", checks=(POSITIVE,)),
     FlagSpec("batch_size", "Events per training step.", checks=(POSITIVE,)),
     *core.at(ncf_flags.SHARED_FLAGS, num_neg="model.num_neg", top_k="top_k"),
-    FlagSpec(
-        "user_capacity",
-        "Rows of the user hash table.",
-        field="model.user_capacity",
-        checks=(POSITIVE,),
-    ),
-    FlagSpec(
-        "item_capacity",
-        "Rows of the item hash table.",
-        field="model.item_capacity",
-        checks=(POSITIVE,),
-    ),
-    FlagSpec(
-        "permit_filter_value",
-        "Sightings before an id gets its own row.",
-        field="model.permit_filter_value",
-        checks=(POSITIVE,),
-    ),
-    FlagSpec(
-        "user_evict_policy",
-        "What a full user table does: none (refuse new users), lru, lfu[:HALF_LIFE_STEPS], "
-        "ttl:STEPS or ttl:SECONDSs (of event time); default lru.",
-        field="model.user_eviction",
-        checks=(EVICTION_POLICY,),
-    ),
-    FlagSpec(
-        "item_evict_policy",
-        "As --user_evict_policy, for the item table.",
-        field="model.item_eviction",
-        checks=(EVICTION_POLICY,),
-    ),
-    FlagSpec(
-        "evict_filter_value",
-        "Free rows unseen for this many steps (both tables' policy ttl:N).",
-        field="model.evict_filter_value",
-        checks=(POSITIVE_OR_UNSET,),
-    ),
-    FlagSpec(
-        "admit_probability",
-        "Chance that a sighting of an id without a row (past --permit_filter_value) admits it.",
-        field="model.admit_probability",
-        checks=(Check(lambda value: 0 < value <= 1, "--{flag} must be in (0, 1]"),),
-    ),
-    FlagSpec(
-        "max_norm",
-        "Clip embedding rows to this norm.",
-        field="model.max_norm",
-        checks=(POSITIVE_OR_UNSET,),
-    ),
+    *model_flags.MODEL_FLAGS,
     FlagSpec(
         "prequential_every",
         "Score 1 event in this many (chosen by a hash of the event) before training on "

@@ -121,6 +121,49 @@ def test_unseen_ids_are_evicted_and_their_rows_reused_with_fresh_state():
     np.testing.assert_allclose(velocity.numpy()[evicted_slot], 0.001 * 4, rtol=1e-5)
 
 
+def test_rowwise_adagrad_rows_take_their_own_rate_and_restart_at_zero_when_reused():
+    """Rows of their own rule and rate beside the optimiser's: one accumulator a row
+    (the mean squared gradient), zero again for an id that takes a freed row."""
+    trainer = _Trainer(
+        evict_filter_value=2, capacity=2, row_optimizer="adagrad", row_learning_rate=0.5
+    )
+    assert trainer.num_slots == 1 and trainer.layer.moments == [trainer.layer.accumulator]
+    assert "accumulator" in trainer.layer.row_variables()
+    before = trainer.row(1)  # the default row: 1 has no row yet
+    first = trainer.step([1, 2, 2])
+    # Gradient of sum(rows): 1 per coordinate for 1, 2 for 2 (two occurrences);
+    # accumulators 1 and 4, steps 0.5 * g / sqrt(acc) = 0.5 either way.
+    (accumulator,) = trainer.layer.moments
+    slots = [trainer.slot(1), trainer.slot(2)]
+    np.testing.assert_allclose(accumulator.numpy()[slots, 0], [1.0, 4.0], rtol=1e-6)
+    np.testing.assert_allclose(trainer.row(1), first[0] - 0.5, rtol=1e-6)
+    np.testing.assert_allclose(trainer.row(2), first[1] - 0.5, rtol=1e-6)
+    assert not np.array_equal(before, first[0])  # admitted at the step, trained after
+    trainer.step([2])
+    trainer.step([2])
+    freed = trainer.slot(1)
+    trainer.step([2, 3])  # 1 unseen for 3 steps: its row goes to 3
+    assert trainer.slot(3) == freed
+    np.testing.assert_allclose(accumulator.numpy()[freed, 0], 1.0, rtol=1e-6)  # anew
+
+
+def test_sgd_rows_at_their_own_rate_under_an_adam_optimiser():
+    trainer = _Trainer(row_optimizer="sgd", row_learning_rate=0.25)
+    assert trainer.num_slots == 0 and trainer.layer.moments == []
+    rows = trainer.step([4, 4, 5])
+    np.testing.assert_allclose(trainer.row(4), rows[0] - 0.25 * 2, rtol=1e-6)
+    np.testing.assert_allclose(trainer.row(5), rows[2] - 0.25, rtol=1e-6)
+
+
+def test_a_checkpoint_of_adam_rows_does_not_restore_into_adagrad_rows(tmp_path):
+    trainer = _Trainer()
+    trainer.step([1, 2])
+    path = tf.train.Checkpoint(layer=trainer.layer).write(str(tmp_path / "ckpt"))
+    other = _Trainer(row_optimizer="adagrad")
+    with pytest.raises(AssertionError, match="accumulator"):
+        tf.train.Checkpoint(layer=other.layer).read(path).assert_existing_objects_matched()
+
+
 def test_a_full_table_without_eviction_serves_the_default_row_and_counts_the_refusal():
     trainer = _Trainer(capacity=2)
     rows = trainer.step([1, 2, 3])
@@ -205,7 +248,9 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 def test_serialization_round_trip():
-    layer = HashEmbedding(3, max_norm=2.0, permit_filter_value=2, evict_filter_value=5)
+    layer = HashEmbedding(
+        3, max_norm=2.0, permit_filter_value=2, evict_filter_value=5, row_optimizer="adagrad"
+    )
     clone = keras.layers.deserialize(keras.layers.serialize(layer))
     assert clone.get_config() == layer.get_config()
 
@@ -223,6 +268,8 @@ def test_serialization_round_trip():
         ({"eviction": "lfu:0"}, "must be positive"),
         ({"eviction": "lru", "evict_filter_value": 3}, "give one of the two"),
         ({"admit_probability": 0.0}, "admit_probability"),
+        ({"row_optimizer": "adamw"}, "row_optimizer must be one of adam, adagrad, sgd"),
+        ({"row_learning_rate": 0.0}, "row_learning_rate must be positive, got 0.0"),
     ],
 )
 def test_bad_arguments_are_rejected(kwargs, message):

@@ -363,6 +363,19 @@ def test_lazy_adam_step_matches_the_formula():
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5)
 
 
+def test_rowwise_adagrad_rows_follow_the_formula_on_hand_computed_rows():
+    variable = tf.Variable([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    accumulator = tf.Variable([[0.0], [0.5], [0.0]])
+    gradient = tf.IndexedSlices(
+        tf.constant([[0.5, 0.5], [0.5, -0.5], [1.0, 2.0]]), tf.constant([1, 1, 2])
+    )
+    optimizers.rowwise_adagrad_rows(gradient, variable, accumulator, 0.1, 1e-8)
+    # Row 1: gradient (1, 0), accumulator 0.5 + 0.5; row 2: (1, 2), 0 + 2.5; row 0 kept.
+    np.testing.assert_allclose(accumulator.numpy()[:, 0], [0.0, 1.0, 2.5], rtol=1e-6)
+    expected = [[1.0, 2.0], [3.0 - 0.1, 4.0], [5.0 - 0.1 / 2.5**0.5, 6.0 - 0.2 / 2.5**0.5]]
+    np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6)
+
+
 def test_lazy_adam_rows_read_and_write_each_row_once_with_the_formulas_values():
     """A table's rows and moments: each distinct row read once and written once by
     copy (no scatter that adds or subtracts, a kernel per row), to the hand-computed

@@ -1,5 +1,6 @@
 """NeuMF's optimisers: Adam, its lazy form that updates only the rows a step looks up
-(`LazyAdam`, `lazy_adam_rows`), SGD, and the learning-rate decay.
+(`LazyAdam`, `lazy_adam_rows`), row-wise Adagrad on such rows (`rowwise_adagrad_rows`),
+SGD, and the learning-rate decay.
 """
 
 from __future__ import annotations
@@ -69,6 +70,29 @@ def lazy_adam_rows(
     new_rows = tf.gather(variable, rows) - alpha * new_m / (tf.sqrt(new_v) + epsilon)
     momentum.scatter_update(tf.IndexedSlices(new_m, rows))
     velocity.scatter_update(tf.IndexedSlices(new_v, rows))
+    variable.scatter_update(tf.IndexedSlices(new_rows, rows))
+
+
+def rowwise_adagrad_rows(
+    gradient: tf.IndexedSlices,
+    variable: tf.Variable,
+    accumulator: tf.Variable,
+    learning_rate: tf.Tensor,
+    epsilon: float,
+) -> None:
+    """Row-wise Adagrad on the rows present in `gradient` (FBGEMM's and TorchRec's
+    ``EXACT_ROWWISE_ADAGRAD``): each row's `accumulator` (one value a row, from 0)
+    gains the mean of the row's squared gradient, and the row moves by the rate over
+    its square root; other rows keep theirs. A row that has seen few gradients moves
+    most: a new user's row learns from their first events."""
+    rows, positions = tf.unique(gradient.indices)
+    width = tf.shape(gradient.values, out_type=tf.int64)[1]
+    grad = kernels.dense_gradient(
+        tf.IndexedSlices(gradient.values, positions, tf.stack([tf.size(rows, tf.int64), width]))
+    )
+    summed = tf.gather(accumulator, rows) + tf.reduce_mean(tf.square(grad), 1, keepdims=True)
+    new_rows = tf.gather(variable, rows) - learning_rate * grad / (tf.sqrt(summed) + epsilon)
+    accumulator.scatter_update(tf.IndexedSlices(summed, rows))
     variable.scatter_update(tf.IndexedSlices(new_rows, rows))
 
 

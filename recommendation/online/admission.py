@@ -78,7 +78,8 @@ class Admission:
         fresh = self.initializer((num, self.embedding_size), self.embeddings.dtype)
         self.embeddings.scatter_update(tf.IndexedSlices(fresh, slots))
         for moment in self.moments:
-            moment.scatter_update(tf.IndexedSlices(tf.zeros_like(fresh), slots))
+            zeros = tf.zeros([num, moment.shape[1]], self.embeddings.dtype)
+            moment.scatter_update(tf.IndexedSlices(zeros, slots))
         # Freed rows no new id took.
         self._close_holes(reused[num_reused:])
         self.num_admitted.assign_add(num)

@@ -20,11 +20,11 @@ holds:
   ttl, none), never taking a row the current step uses; a new id starts with fresh
   initial values and zeroed moments (on a cluster, only while no step is in flight:
   `steps_in_flight`);
-- the rows train with the optimiser given to `attach_optimizer` (lazy Adam, or SGD),
-  only the rows each step uses, and everything (index, rows, moments, priorities,
-  counters) is tracked by ``tf.train.Checkpoint``: a restored table evicts exactly the
-  rows an uninterrupted one does; `table_changes` says what changed since the last
-  checkpoint, for incremental ones.
+- the rows train by their own rule, or by the optimiser given to `attach_optimizer`
+  (lazy Adam, row-wise Adagrad or SGD), only the rows each step uses, and everything
+  (index, rows, moments, priorities, counters) is tracked by ``tf.train.Checkpoint``:
+  a restored table evicts exactly the rows an uninterrupted one does; `table_changes`
+  says what changed since the last checkpoint, for incremental ones.
 
 A "step" is one training call (``training=True``): call each layer once per step.
 """
@@ -45,7 +45,7 @@ from recommendation.online.eviction import (
     seen_priority,
 )
 from recommendation.online.row_shards import RowShards
-from recommendation.online.row_training import RowTraining
+from recommendation.online.row_training import ROW_OPTIMIZERS, RowTraining
 from recommendation.online.steps_in_flight import DrainedUpkeep
 from recommendation.online.table_changes import ChangeTracking
 
@@ -92,6 +92,10 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
             permit filter) admits it; drawn from `seed` and the step, so a run is
             reproducible.
         seed: Seed of those draws.
+        row_optimizer: How the rows train (`row_training.ROW_OPTIMIZERS`: lazy
+            ``adam``, row-wise ``adagrad``, ``sgd``); None: by the attached
+            optimiser's rule.
+        row_learning_rate: The rows' rate; None: the attached optimiser's.
         shard_devices: Devices to split the rows and their moments over (`row_shards`:
             row r on ``shard_devices[r % N]``), such as parameter-server tasks; the
             index and the eviction state stay where the table is built. None: one
@@ -120,6 +124,8 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
         eviction: str = "none",
         admit_probability: float = 1.0,
         seed: int = 0,
+        row_optimizer: str | None = None,
+        row_learning_rate: float | None = None,
         shard_devices: Sequence[str] | None = None,
         **kwargs,
     ) -> None:
@@ -136,6 +142,12 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
             raise ValueError(f"evict_filter_value must be positive or None: {evict_filter_value}")
         if key_dtype not in ("int64", "string"):
             raise ValueError(f"key_dtype must be 'int64' or 'string', got {key_dtype!r}")
+        if row_optimizer not in (None, *ROW_OPTIMIZERS):
+            raise ValueError(
+                f"row_optimizer must be one of {', '.join(ROW_OPTIMIZERS)}, got {row_optimizer!r}"
+            )
+        if row_learning_rate is not None and not 0 < row_learning_rate < float("inf"):
+            raise ValueError(f"row_learning_rate must be positive, got {row_learning_rate}")
         if not 0.0 < admit_probability <= 1.0:
             raise ValueError(f"admit_probability must be in (0, 1], got {admit_probability}")
         policy = parse_policy(eviction)
@@ -155,6 +167,7 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
         self.capacity = int(capacity)
         self.admit_probability = float(admit_probability)
         self.seed = int(seed)
+        self.row_optimizer, self.row_learning_rate = row_optimizer, row_learning_rate
         self.shard_devices = list(shard_devices) if shard_devices else None
         self._initializer_config = keras.initializers.serialize(keras.initializers.get(initializer))
         # A copy of the caller's: its seed becomes this table's seed generator below.
@@ -203,6 +216,7 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
         # The optimiser's moments of the rows (`attach_optimizer`), grown with them.
         self.momentum: tf.Variable | None = None
         self.velocity: tf.Variable | None = None
+        self.accumulator: tf.Variable | None = None
         object.__setattr__(self, "_update", None)
         # A cache of the eviction order, rebuilt when needed: not checkpointed.
         object.__setattr__(self, "_pool", CandidatePool(self, dtype))
@@ -252,8 +266,10 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
         """Every variable with a value per row, by name: the rows, their moments, ids
         and eviction state, and the changed flags."""
         variables = {"embeddings": self.embeddings}
-        if self.moments:
+        if self.momentum is not None:
             variables.update(momentum=self.momentum, velocity=self.velocity)
+        if self.accumulator is not None:
+            variables.update(accumulator=self.accumulator)
         variables.update(slot_keys=self.slot_keys, priority=self.priority)
         variables.update(last_seen=self.last_seen, changed=self.changed)
         if self.policy.ttl_seconds:
@@ -449,5 +465,7 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
             eviction=str(self.policy) if self.evict_filter_value is None else "none",
             admit_probability=self.admit_probability,
             seed=self.seed,
+            row_optimizer=self.row_optimizer,
+            row_learning_rate=self.row_learning_rate,
         )
         return config

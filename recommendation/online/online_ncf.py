@@ -38,7 +38,11 @@ class OnlineParams:
         permit_filter_value, evict_filter_value, max_norm, admit_probability:
             `HashEmbedding` filters.
         num_neg: Training negatives per event.
-        learning_rate, beta1, beta2, epsilon: Lazy Adam.
+        learning_rate, beta1, beta2, epsilon: Lazy Adam (of the dense layers, and of
+            the rows unless `row_optimizer` or `row_learning_rate` say otherwise).
+        row_optimizer, row_learning_rate: How the tables' rows train
+            (`HashEmbedding`): lazy ``adam``, row-wise ``adagrad`` or ``sgd``, at their
+            own rate (None: `learning_rate`).
     """
 
     # The reference's NeuMF sizes and Adam settings, as ncf-main's defaults.
@@ -58,6 +62,8 @@ class OnlineParams:
     beta1: float = hyperparams.ModelParams.beta1
     beta2: float = hyperparams.ModelParams.beta2
     epsilon: float = hyperparams.ModelParams.epsilon
+    row_optimizer: str = "adam"
+    row_learning_rate: float | None = None
 
 
 # A new row starts at U(-0.004, 0.004): near zero, so that until its id has been
@@ -94,6 +100,8 @@ class OnlineNeuMF(network.NeuMF):
         user_eviction: str | None = OnlineParams.user_eviction,
         item_eviction: str | None = OnlineParams.item_eviction,
         admit_probability: float = OnlineParams.admit_probability,
+        row_optimizer: str = OnlineParams.row_optimizer,
+        row_learning_rate: float | None = OnlineParams.row_learning_rate,
         shard_devices: list[str] | None = None,
         **kwargs,
     ) -> None:
@@ -116,6 +124,8 @@ class OnlineNeuMF(network.NeuMF):
                 admit_probability=admit_probability,
                 seed=seed,
                 max_norm=max_norm,
+                row_optimizer=row_optimizer,
+                row_learning_rate=row_learning_rate,
                 shard_devices=shard_devices,
             )
 
@@ -260,6 +270,8 @@ class OnlineNeuMF(network.NeuMF):
             admit_probability=self.user_embedding.admit_probability,
             max_norm=self.user_embedding.max_norm,
             num_neg=self.num_neg,
+            row_optimizer=self.user_embedding.row_optimizer,
+            row_learning_rate=self.user_embedding.row_learning_rate,
         )
         return config
 
@@ -316,6 +328,8 @@ def build_online_model(
         params.user_eviction,
         params.item_eviction,
         params.admit_probability,
+        params.row_optimizer,
+        params.row_learning_rate,
         shard_devices=shard_devices,
     )
     # The strategy would place the tables' own variables too (on the ps tasks): they

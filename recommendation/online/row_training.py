@@ -1,9 +1,11 @@
-"""Training a hash embedding's rows: the optimiser's rule applied to the rows a step
-uses only (lazy Adam, or SGD), on one variable or on shards (`row_shards`).
+"""Training a hash embedding's rows: a rule applied to the rows a step uses only (lazy
+Adam, row-wise Adagrad or SGD), on one variable or on shards (`row_shards`).
 
 The rows grow and shrink with the ids a table holds, so they are not Keras variables
-and sit outside the optimiser's list: the table takes the optimiser's rule and rate
-(`attach_optimizer`) and applies them to the gradient of its rows (`train_rows`).
+and sit outside the optimiser's list: the table takes its rule and rate (its own
+`row_optimizer` and `row_learning_rate`, else the optimiser's) when the optimiser is
+attached (`attach_optimizer`) and applies them to the gradient of its rows
+(`train_rows`).
 """
 
 from __future__ import annotations
@@ -14,35 +16,46 @@ import tensorflow as tf
 from recommendation.model import optimizers
 from recommendation.online import masks, row_shards, step_stages
 
+ROW_OPTIMIZERS = ("adam", "adagrad", "sgd")
+ROW_ADAGRAD_EPSILON = 1e-8  # FBGEMM's
+
 
 class RowTraining:
     """Mixed into `HashEmbedding`: `attach_optimizer`, `train_rows`, `note_trained`,
     `gradient_variables`, `rows_per_shard` and the rows' `moments`.
 
     The host provides ``embeddings`` (one variable or `row_shards.RowShards`),
-    ``momentum``/``velocity`` (None until an Adam optimiser is attached),
-    ``_update``, ``allocated``, ``size``, ``embedding_size``, `_value_rows` and
-    `_note_changed`.
+    ``momentum``/``velocity``/``accumulator`` (None until a rule needs them),
+    ``row_optimizer``, ``row_learning_rate``, ``_update``, ``allocated``, ``size``,
+    ``embedding_size``, `_value_rows` and `_note_changed`.
     """
 
     def attach_optimizer(self, optimizer: keras.optimizers.Optimizer) -> int:
-        """Makes the rows train with `optimizer`'s rule and rate, lazily (only the rows
-        a step uses): Adam (moments kept per row, zeroed for a new id) or SGD without
-        momentum. Returns the number of moment tables."""
+        """Makes the rows train lazily (only the rows a step uses) by the table's
+        `row_optimizer`, else by `optimizer`'s rule (Adam, or SGD without momentum): lazy
+        Adam (two moments a row), row-wise Adagrad (one accumulator a row) or SGD; each
+        moment of a new id starts at zero. Returns the number of moment tables."""
         inner = optimizer
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             inner = optimizer.inner_optimizer
-        if isinstance(inner, keras.optimizers.Adam) and not getattr(inner, "amsgrad", False):
-            if self.momentum is None:
-                zeros = tf.zeros([self.allocated.numpy() + 1, self.embedding_size])
-                self.momentum = self._value_rows(zeros, "momentum")
-                self.velocity = self._value_rows(zeros, "velocity")
-        elif not (isinstance(inner, keras.optimizers.SGD) and not inner.momentum):
+        rule = self.row_optimizer
+        if rule is None and isinstance(inner, keras.optimizers.Adam):
+            rule = None if getattr(inner, "amsgrad", False) else "adam"
+        elif rule is None and isinstance(inner, keras.optimizers.SGD):
+            rule = None if inner.momentum else "sgd"
+        if rule is None:
             raise ValueError(
-                f"HashEmbedding rows train with Adam or SGD without momentum, lazily; "
-                f"got {type(inner).__name__}"
+                f"HashEmbedding rows train with Adam or SGD without momentum, lazily, or "
+                f"by their own row_optimizer; got {type(inner).__name__}"
             )
-        object.__setattr__(self, "_update", (optimizer, inner))
+        rows = self.allocated.numpy() + 1
+        if rule == "adam" and self.momentum is None:
+            zeros = tf.zeros([rows, self.embedding_size])
+            self.momentum = self._value_rows(zeros, "momentum")
+            self.velocity = self._value_rows(zeros, "velocity")
+        if rule == "adagrad" and self.accumulator is None:
+            self.accumulator = self._value_rows(tf.zeros([rows, 1]), "accumulator")
+        object.__setattr__(self, "_update", (optimizer, inner, rule))
         return len(self.moments)
 
     @tf.autograph.experimental.do_not_convert
@@ -59,13 +72,13 @@ class RowTraining:
         changed (a worker cannot write the coordinator's flags)."""
         if self._update is None:
             raise ValueError("call attach_optimizer before training the rows")
-        optimizer, inner = self._update
+        optimizer, inner, _ = self._update
         if isinstance(gradients, tf.IndexedSlices):
             gradients = [gradients]
         if step is None:
             step = inner.iterations + 1
         step = tf.cast(step, tf.float32)
-        rate = tf.cast(inner.learning_rate, tf.float32)
+        rate = tf.cast(self.row_learning_rate or inner.learning_rate, tf.float32)
         shards = row_shards.shard_variables(self.embeddings)
         moments = [row_shards.shard_variables(moment) for moment in self.moments]
         for index, gradient in enumerate(gradients):
@@ -86,19 +99,23 @@ class RowTraining:
             )
 
     def _apply_rows(self, gradient, variable, moments, rate, step) -> None:
-        optimizer, inner = self._update
+        optimizer, inner, rule = self._update
 
         def apply():
-            if moments:
+            if rule == "adam":  # Keras' defaults where the optimiser is not Adam
                 optimizers.lazy_adam_rows(
                     gradient,
                     variable,
                     *moments,
                     rate,
-                    inner.beta_1,
-                    inner.beta_2,
-                    inner.epsilon,
+                    getattr(inner, "beta_1", 0.9),
+                    getattr(inner, "beta_2", 0.999),
+                    getattr(inner, "epsilon", 1e-7),
                     step,
+                )
+            elif rule == "adagrad":
+                optimizers.rowwise_adagrad_rows(
+                    gradient, variable, *moments, rate, ROW_ADAGRAD_EPSILON
                 )
             else:
                 variable.scatter_sub(tf.IndexedSlices(rate * gradient.values, gradient.indices))
@@ -129,5 +146,7 @@ class RowTraining:
 
     @property
     def moments(self) -> list[tf.Variable]:
-        """The rows' optimiser moments (Adam's two; none for SGD)."""
-        return [] if self.momentum is None else [self.momentum, self.velocity]
+        """The rows' optimiser moments (Adam's two, Adagrad's accumulator; none for SGD)."""
+        if self.momentum is not None:
+            return [self.momentum, self.velocity]
+        return [] if self.accumulator is None else [self.accumulator]
