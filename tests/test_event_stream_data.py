@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import os
 
 import numpy as np
 import pytest
 from conftest import run_module, the_error_line
 
-from recommendation.data import event_stream_data
+from recommendation.data import event_stream_data, stream_references
 from recommendation.data.event_stream_data import EventStreamSpec
 from recommendation.data.movielens import DataError
 from recommendation.online import sources
@@ -186,9 +187,17 @@ def test_cli_writes_csv_event_files(tmp_path):
         "--num_events=3000",
         "--seed=3",
         "--files=2",
+        "--taste_clusters=4",
+        "--candidates=16",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "wrote 3,000 events of 300 users on 100 items to 2 file(s)" in result.stdout
+    # The references beside the files, as printed.
+    written = json.loads((folder / stream_references.FILE_NAME).read_text())
+    assert written["spec"]["taste_clusters"] == 4 and written["spec"]["candidates"] == 16
+    for name in ("popularity", "oracle"):
+        hr = written[name]["all"]["hr"]
+        assert f"{name} reference: prequential HR@10 {hr:.4f}" in result.stdout
     rows = []
     for name in ("events-00000.csv", "events-00001.csv"):
         with open(folder / name, newline="") as stream:

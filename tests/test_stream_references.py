@@ -5,11 +5,8 @@ above popularity above chance where taste is strong."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
-import pytest
-from conftest import run_module
 
 from recommendation.data import event_stream_data, stream_references
 from recommendation.data.event_stream_data import EventStreamSpec
@@ -76,23 +73,3 @@ def test_the_oracle_beats_popularity_which_beats_chance():
     # Without taste the oracle is popularity.
     plain = stream_references.reference_scores(dataclasses.replace(TASTY, candidates=1), 5)
     assert plain["oracle"] == plain["popularity"]
-
-
-@pytest.mark.integration
-def test_cli_writes_the_references_beside_the_files(tmp_path):
-    folder = tmp_path / "events"
-    result = run_module(
-        "recommendation.data.event_stream_data",
-        f"--events_dir={folder}",
-        "--num_users=300",
-        "--num_items=100",
-        "--num_events=3000",
-        "--taste_clusters=4",
-        "--candidates=16",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    written = json.loads((folder / stream_references.FILE_NAME).read_text())
-    assert written["spec"]["taste_clusters"] == 4 and written["spec"]["candidates"] == 16
-    for name in ("popularity", "oracle"):
-        hr = written[name]["all"]["hr"]
-        assert f"{name} reference: prequential HR@10 {hr:.4f}" in result.stdout

@@ -51,12 +51,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from official.core import precision, signals
 from official.core.runner import sum_over_steps, traced, without_autotuning
-from recommendation.online import cluster
+from recommendation.online import cluster, sink_calls
 from recommendation.online.callback_base import CallbackList
 from recommendation.online.metrics import build_metrics
 from recommendation.online.stream_batches import (
@@ -68,28 +67,6 @@ from recommendation.online.stream_batches import (
 
 AMP_LEVELS = ("O0", "O2", "O3", "auto")
 BOOST_LEVELS = ("O0", "O1", "O2")
-
-
-def _freeze_long_lived() -> None:
-    """Moves every object alive now out of the garbage collector's full passes, until
-    `online_train` returns (which unfreezes them).
-
-    TensorFlow, the model and each traced graph are hundreds of thousands of objects
-    that live as long as training, and a stream read allocates thousands of lists
-    (a Redis reply: several per event): every few reads the collector's full pass
-    walked all of them again, most of the cost of reading Redis (docs/benchmarks.md).
-    Called when training starts and after each trace; objects freed by reference
-    counting are freed as ever.
-    """
-    gc.freeze()
-
-
-def _any_length(arrays) -> Any:
-    """TensorSpecs of `arrays` (a nest) with every dimension left open."""
-    return tf.nest.map_structure(
-        lambda array: tf.TensorSpec([None] * np.ndim(array), tf.as_dtype(np.asarray(array).dtype)),
-        arrays,
-    )
 
 
 def _policy(amp_level: str) -> str | None:
@@ -155,8 +132,7 @@ class RecModel(cluster.ClusterTraining):
         self.stop_training = False
         self._checkpoint: tf.train.Checkpoint | None = None
         self._position_variable: tf.Variable | None = None
-        # Graph calls by what they run and their inputs' dtypes and shapes.
-        self._sink_calls: dict[tuple, Callable] = {}
+        self._sink_calls = sink_calls.SinkCalls()
         self._eval_call: Callable | None = None
         self._dataset = None
         self.cluster: cluster.ClusterSteps | None = None
@@ -336,9 +312,7 @@ class RecModel(cluster.ClusterTraining):
             # The probes first: in program order, so that their reads of the tables
             # and weights come before any step's writes (automatic control
             # dependencies), and the rest of their ops run beside the steps'.
-            outputs = tuple(
-                callback.probe(given) for callback, given in zip(probing, inputs, strict=True)
-            )
+            outputs = sink_calls.run_probes(probing, inputs)
             totals = sum_over_steps(
                 lambda index: step(tf.nest.map_structure(lambda t: t[index], stacked)),
                 num_steps,
@@ -347,7 +321,7 @@ class RecModel(cluster.ClusterTraining):
 
         return traced(
             call,
-            input_signature=[signature, tf.TensorSpec([], tf.int32), _any_length(inputs)],
+            input_signature=[signature, tf.TensorSpec([], tf.int32), sink_calls.any_length(inputs)],
         )
 
     # -- the loops -----------------------------------------------------------
@@ -419,7 +393,7 @@ class RecModel(cluster.ClusterTraining):
                 iter(dataset), steps_per_call, has_position, callback_list.on_sink_read
             )
             prefetcher = Prefetcher(groups) if self.boost_level != "O0" else None
-            _freeze_long_lived()
+            sink_calls.freeze_long_lived()
             try:
                 for group in prefetcher or groups:
                     if group is None:
@@ -470,46 +444,17 @@ class RecModel(cluster.ClusterTraining):
         probing = [callback for callback in probing if callback in group.probe_inputs]
         inputs = tuple(group.probe_inputs[callback] for callback in probing)
         if self.cluster is not None:  # the probes here, then the steps on the workers
-            outputs = self._graph_call(self._make_probe_call, None, probing, inputs)
+            outputs = self._sink_calls(sink_calls.probe_call, None, probing, inputs)
             logs = self.cluster.run(group)
         else:
             stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)
-            totals, outputs = self._graph_call(
+            totals, outputs = self._sink_calls(
                 self._make_sink_call, stacked, probing, inputs, tf.constant(group.num_steps)
             )
             logs = {key: float(value) / group.num_steps for key, value in totals.items()}
         for callback, output in zip(probing, outputs, strict=True):
             group.probe_outputs[callback] = tf.nest.map_structure(lambda t: t.numpy(), output)
         return logs
-
-    def _graph_call(self, make: Callable, stacked, probing: list, inputs: tuple, *more) -> Any:
-        """Calls the graph function `make` makes for these structures (made and traced
-        on first use, then the objects alive frozen: `_freeze_long_lived`)."""
-        key = (
-            make.__name__,
-            tuple((t.dtype, t.shape[2:]) for t in tf.nest.flatten(stacked) if t is not None),
-            tuple(id(callback) for callback in probing),
-            tuple(spec.dtype for spec in tf.nest.flatten(_any_length(inputs))),
-            str(tf.nest.map_structure(lambda _: 0, inputs)),
-        )
-        new = key not in self._sink_calls
-        if new:
-            self._sink_calls[key] = make(stacked, probing, inputs)
-        result = self._sink_calls[key](*(() if stacked is None else (stacked,)), *more, inputs)
-        if new:
-            _freeze_long_lived()
-        return result
-
-    def _make_probe_call(self, _, probing: list, inputs: tuple) -> Callable:
-        """A graph function of the `probing` callbacks' probes alone (on a cluster's
-        chief, before it schedules a sink's steps)."""
-
-        def call(inputs):
-            return tuple(
-                callback.probe(given) for callback, given in zip(probing, inputs, strict=True)
-            )
-
-        return traced(call, input_signature=[_any_length(inputs)])
 
     def eval(self, valid_dataset: Iterable, callbacks: list | None = None) -> dict[str, float]:
         """Evaluates `metrics` over a finite dataset of ``(data, label)`` batches (or of
