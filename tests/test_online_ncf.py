@@ -12,6 +12,7 @@ import re
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from recommendation.data import constants
@@ -71,14 +72,15 @@ def test_candidates_are_scored_by_the_model_as_it_is_without_admitting_any():
     assert not _has_row(model.user_embedding, 3) and not _has_row(model.item_embedding, 999)
 
 
-def test_candidates_score_as_the_whole_network_does_with_the_first_layer_split():
+@pytest.mark.parametrize("bias_terms", [False, True])
+def test_candidates_score_as_the_whole_network_does_with_the_first_layer_split(bias_terms):
     """The reference's sizes, random rows and weights: each (user, candidate) pair
-    scores as `score` of its two looked-up rows (the network's every layer on the
-    pair), for known and unknown ids and candidates repeated within and across events;
-    and no op multiplies a pair's whole first-layer input (its user and item halves are
-    projected apart, each distinct row once)."""
+    scores as `score_rows` of its two looked-up rows (the network's every layer on the
+    pair, and the biases), for known and unknown ids and candidates repeated within and
+    across events; and no op multiplies a pair's whole first-layer input (its user and
+    item halves are projected apart, each distinct row once)."""
     keras.utils.set_random_seed(3)
-    model = online_ncf.build_online_model(online_ncf.OnlineParams())
+    model = online_ncf.build_online_model(online_ncf.OnlineParams(bias_terms=bias_terms))
     generator = np.random.default_rng(3)
     for table, count in ((model.user_embedding, 60), (model.item_embedding, 90)):
         table.slots(tf.range(1, count, dtype=tf.int64), training=True)
@@ -91,7 +93,7 @@ def test_candidates_score_as_the_whole_network_does_with_the_first_layer_split()
     scores = model.score_candidates(users, items, positions.reshape(40, 30).astype(np.int32))
     pairs_user = model.user_embedding(tf.repeat(users, 30), training=False)
     pairs_item = model.item_embedding(candidates.ravel(), training=False)
-    expected = tf.reshape(model.score(pairs_user, pairs_item), [40, 30]).numpy()
+    expected = tf.reshape(model.score_rows(pairs_user, pairs_item), [40, 30]).numpy()
     np.testing.assert_allclose(scores.numpy(), expected, rtol=1e-5, atol=1e-6)
     assert np.std(expected) > 0.01  # random rows and weights: the pairs differ
     specs = [tf.TensorSpec([None], tf.int64)] * 2 + [tf.TensorSpec([None, None], tf.int32)]
@@ -152,7 +154,7 @@ def test_a_config_round_trip_builds_the_same_hash_tables():
 def test_a_serving_export_holds_the_index_and_live_rows_only(tmp_path):
     """What a server loads: the tables' index and live rows (not their moments or
     eviction state, nor the rows allocated ahead), scoring as the trained model does."""
-    params = online_ncf.OnlineParams(mf_dim=4, layers=(8, 4), user_capacity=2**40)
+    params = online_ncf.OnlineParams(mf_dim=4, layers=(8, 4), user_capacity=2**40, bias_terms=True)
     rec_model = online_ncf.build_rec_model(params)
     batch = {
         constants.USER_COLUMN: np.arange(1, 101, dtype=np.int64)[None],
@@ -174,7 +176,7 @@ def test_a_serving_export_holds_the_index_and_live_rows_only(tmp_path):
     users, items = tf.constant([1, 50, 10**6], tf.int64), tf.constant([3, 4, 5], tf.int64)
     network = rec_model.network
     expected = tf.sigmoid(
-        network.score(network.user_embedding(users), network.item_embedding(items))[:, 0]
+        network.score_rows(network.user_embedding(users), network.item_embedding(items))
     )
     np.testing.assert_allclose(served(user_id=users, item_id=items)["scores"], expected, rtol=1e-6)
 
@@ -189,3 +191,29 @@ def test_new_rows_start_near_zero():
         rows = table.embeddings.numpy()[slots]
         assert np.all(np.abs(rows) <= 0.004) and len(np.unique(rows)) == rows.size
         assert np.abs(rows).max() > 0.002
+
+
+def test_bias_terms_add_each_ids_bias_to_the_logit_and_train():
+    """A row's last column is its id's bias: user (1, 2 | bias 0.5) and item (3, -1 |
+    bias -2) score 1 * 3 + 2 * -1 + 0.5 - 2 = -0.5 (the logit reads the GMF product
+    only); a step on the event raises the item's bias (its gradient sigmoid - 1 < 0)."""
+    params = online_ncf.OnlineParams(**PARAMS, bias_terms=True, num_neg=1)
+    keras.utils.set_random_seed(0)
+    rec_model = online_ncf.build_rec_model(params)
+    model = rec_model.network
+    _hand_built(model)
+    assert model.user_embedding.embeddings.shape[1] == MF_DIM + MLP_HALF + 1
+    for table, key, row in (
+        (model.user_embedding, 1, [1.0, 2.0, 0.0, 0.0, 0.5]),
+        (model.item_embedding, 10, [3.0, -1.0, 0.0, 0.0, -2.0]),
+    ):
+        slot = int(table.slots(tf.constant([key], tf.int64), training=True)[0])
+        table.embeddings.scatter_nd_update([[slot]], [row])
+    users, items = tf.constant([1], tf.int64), tf.constant([10], tf.int64)
+    user, item = model.user_embedding(users), model.item_embedding(items)
+    np.testing.assert_allclose(model.score_rows(user, item).numpy(), [-0.5], rtol=1e-6)
+    batch = {constants.USER_COLUMN: np.array([1], np.int64)}
+    batch |= {constants.ITEM_COLUMN: np.array([10], np.int64)}
+    batch[constants.TIME_COLUMN] = np.array([0], np.int64)
+    rec_model.online_train([batch], [], sink_size=1)
+    assert model.item_embedding(items).numpy()[0, -1] > -2.0

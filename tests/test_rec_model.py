@@ -103,37 +103,44 @@ def test_each_sink_is_seen_as_read_on_the_reading_thread_then_before_it_trains(b
 
 
 class _KernelProbe(Callback):
-    """Probes the first layer's kernel, times the events of each sink (read with it)."""
+    """Probes the first layer's kernel before each step, times the step's number in the
+    stream (read with its sink)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.before, self.probed = [], []
+        self.before, self.probed, self.steps = [], [], 0
 
     def on_sink_read(self, group) -> None:
-        group.probe_inputs[self] = np.float32(group.num_events)
+        numbers = np.arange(self.steps, self.steps + group.num_steps) + 1
+        group.probe_inputs[self] = numbers.astype(np.float32)
+        self.steps += group.num_steps
 
-    def probe(self, scale):
-        return self.rec_model.network.layers[0].kernel * scale
+    def probe(self, numbers, step):
+        return self.rec_model.network.layers[0].kernel[None] * numbers[step]
 
     def on_sink_begin(self, group) -> None:
-        kernel = self.rec_model.network.layers[0].kernel.numpy()
-        self.before.append(kernel * np.float32(group.num_events))
+        self.before.append(self.rec_model.network.layers[0].kernel.numpy())
 
     def on_sink_end(self, group) -> None:
-        self.probed.append(group.probe_outputs[self])
+        self.probed.extend(group.probe_outputs[self])
 
 
 @pytest.mark.parametrize("boost_level", ["O0", "O1", "O2"])
-def test_a_probe_reads_the_model_as_it_was_before_its_sink_trains(boost_level):
-    """Test, then train: a callback's probe runs in each sink's graph call on what it
-    read with the sink, and sees the weights as they were before the sink's steps."""
-    probe = _KernelProbe()
-    model = RecModel(_network(), _loss(), keras.optimizers.Adam(0.1), boost_level=boost_level)
-    model.online_train(_batches(5), [probe], sink_size=2)
-    assert len(probe.probed) == 3
-    for before, probed in zip(probe.before, probe.probed, strict=True):
-        np.testing.assert_array_equal(probed, before)
-    assert not np.array_equal(probe.before[1] / 64, probe.before[0] / 64)  # it trained
+def test_a_probe_reads_the_model_as_it_was_before_its_step_trains(boost_level):
+    """Test, then train, step by step: a callback's probe of each step runs in its
+    sink's graph call on what it read with the sink, and sees the weights every earlier
+    step left, whatever the sink's size: with 2 steps a sink, what one step a sink saw
+    before each step, to the bit."""
+    probes = {}
+    for sink_size in (1, 2):
+        probes[sink_size] = _KernelProbe()
+        model = RecModel(_network(), _loss(), keras.optimizers.Adam(0.1), boost_level=boost_level)
+        model.online_train(_batches(5), [probes[sink_size]], sink_size=sink_size)
+    before = probes[1].before  # a sink a step: before each step
+    assert len(before) == 5 and len(probes[2].probed) == 5
+    for number, (kernel, probed) in enumerate(zip(before, probes[2].probed, strict=True), 1):
+        np.testing.assert_array_equal(probed, kernel * np.float32(number))
+    assert not np.array_equal(before[1], before[0])  # it trained
 
 
 def test_what_lives_through_online_training_is_kept_out_of_the_collectors_passes():

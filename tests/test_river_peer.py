@@ -296,6 +296,22 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, flags, message):
     assert not any("Traceback" in line for line in lines)
 
 
+def test_a_peers_rate_takes_positive_numbers_with_one_error_line_for_others(capsys):
+    def add_flags(flag):
+        flag("--learning_rate", type=peer_harness.positive_rate)
+
+    flags = peer_harness.parse_flags(["--events_dir=x", "--learning_rate=0.05"], "", add_flags)
+    assert flags.learning_rate == 0.05
+    for value, message in (
+        ("0", "must be positive, got 0"),
+        ("fast", "must be a number, got 'fast'"),
+    ):
+        with pytest.raises(SystemExit):
+            peer_harness.parse_flags(["--events_dir=x", f"--learning_rate={value}"], "", add_flags)
+        [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+        assert line.startswith("error: argument --learning_rate: ") and message in line
+
+
 @pytest.mark.integration
 def test_the_harness_loads_without_tensorflow_or_the_project():
     """A peer's environment has numpy and its library only: the harness loads the

@@ -20,11 +20,13 @@ class Callback(keras.callbacks.Callback):
     batches as they are read (`on_sink_read`), before they train (`on_sink_begin`) and
     after (`on_sink_end`), and quiet periods of a stream (`on_idle`).
 
-    A callback may also define ``probe(inputs)``: a graph function of the arrays it
-    puts in ``group.probe_inputs[self]`` as a sink is read, run inside the sink's graph
-    call before its first step, so that it reads the model as it is before the sink
-    trains (test, then train) while the steps' ops take the cores it leaves; its
-    outputs are in ``group.probe_outputs[self]`` (numpy) by `on_sink_end`.
+    A callback may also define ``probe(inputs, step)``: a graph function of the arrays
+    it puts in ``group.probe_inputs[self]`` as a sink is read and of a step's index
+    (int32) in the sink, run inside the sink's graph call right before that step, so
+    that it reads the model as it is before the step trains (test, then train) while
+    the step's ops take the cores it leaves. It returns one tensor a step; their
+    concatenation over the sink's steps is in ``group.probe_outputs[self]`` (numpy) by
+    `on_sink_end`.
     """
 
     rec_model: RecModel | None = None

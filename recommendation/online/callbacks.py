@@ -200,16 +200,16 @@ class ExportCallback(_Periodic):
 
 
 class PrequentialEvaluation(Callback):
-    """Test, then train, by one protocol for every system (`prequential`): each sink's
+    """Test, then train, by one protocol for every system (`prequential`): each step's
     chosen events are scored against their candidates with the model as it is before
-    the sink trains (`OnlineNeuMF.score_candidates`, this callback's ``probe``, run in
-    the sink's graph call before its first step). Within a sink every step is scored
-    before the first trains (a sink's later steps see a model up to `sink_size` - 1
-    steps older than they would step by step).
+    the step trains (`OnlineNeuMF.score_candidates`, this callback's ``probe``, run in
+    the sink's graph call right before the step), whatever the sink's size (on a
+    cluster, every step of a sink before the sink: `sink_calls.probe_call`).
 
     Which events, against which candidates, follows from the stream alone: that is
     planned as each sink is read (`on_sink_read`, on the reading thread with boost
-    O1+), each distinct candidate once; the scores are tallied once the sink is done.
+    O1+), each step's distinct candidates once; the scores are tallied once the sink is
+    done.
 
     Args:
         protocol: The protocol's state over this stream.
@@ -223,27 +223,36 @@ class PrequentialEvaluation(Callback):
     def on_sink_read(self, group) -> None:
         stacked = group.stacked
         times = stacked.get(constants.TIME_COLUMN)
-        plans = []
+        plans, items, positions = [], [], []
         for step in range(group.num_steps):
             users = np.ravel(stacked[constants.USER_COLUMN][step])
-            items = np.ravel(stacked[constants.ITEM_COLUMN][step])
+            step_items = np.ravel(stacked[constants.ITEM_COLUMN][step])
             when = np.zeros_like(users) if times is None else np.ravel(times[step])
-            plans.append(self.protocol.plan(users, items, when))
-        candidates = np.concatenate([plan.candidates for plan in plans])
-        # Each distinct candidate looked up and projected once (found by a hash table:
-        # a sort of every candidate cost more).
-        positions, items = pd.factorize(candidates.ravel())
-        users = np.concatenate([plan.users for plan in plans])
+            plan = self.protocol.plan(users, step_items, when)
+            # Each distinct candidate of a step looked up and projected once (found by
+            # a hash table: a sort of every candidate cost more).
+            found, distinct = pd.factorize(plan.candidates.ravel())
+            plans.append(plan)
+            items.append(distinct.astype(np.int64))
+            positions.append(found.astype(np.int32).reshape(plan.candidates.shape))
         group.notes[self] = plans
         group.probe_inputs[self] = (
-            users,
-            items.astype(np.int64),
-            positions.astype(np.int32).reshape(candidates.shape),
+            np.concatenate([plan.users for plan in plans]),
+            np.concatenate(items),
+            np.concatenate(positions),
+            _starts([plan.size for plan in plans]),
+            _starts([len(distinct) for distinct in items]),
         )
 
-    def probe(self, inputs: tuple[tf.Tensor, tf.Tensor, tf.Tensor]) -> tf.Tensor:
-        """The scores of the planned events' candidates (in the sink's graph call)."""
-        return self.rec_model.network.score_candidates(*inputs)
+    def probe(self, inputs: tuple, step: tf.Tensor) -> tf.Tensor:
+        """The scores of step `step`'s planned events' candidates (in the sink's graph
+        call, before the step trains)."""
+        users, items, positions, event_starts, item_starts = inputs
+        events = slice(event_starts[step], event_starts[step + 1])
+        distinct = slice(item_starts[step], item_starts[step + 1])
+        return self.rec_model.network.score_candidates(
+            users[events], items[distinct], positions[events]
+        )
 
     def on_sink_end(self, group) -> None:
         self.events += group.num_events
@@ -538,3 +547,8 @@ class ReportRestore(Callback):
                 f"items={int(network.item_embedding.size.numpy())} tables={table_digest(network)}",
                 flush=True,
             )
+
+
+def _starts(sizes: list[int]) -> np.ndarray:
+    """Where each of consecutive parts of `sizes` starts, and the end (int32)."""
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)

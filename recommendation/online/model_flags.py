@@ -79,8 +79,14 @@ MODEL_FLAGS = (
     ),
     FlagSpec(
         "row_learning_rate",
-        "The rows' learning rate (default: --learning_rate, the dense layers').",
+        "The rows' learning rate (unset: --learning_rate, the dense layers').",
         field="model.row_learning_rate",
         checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec(
+        "bias_terms",
+        "End each row with its id's bias, added to the logit (an item's popularity, at "
+        "the rows' rate).",
+        field="model.bias_terms",
     ),
 )

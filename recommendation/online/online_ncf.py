@@ -43,9 +43,12 @@ class OnlineParams:
         row_optimizer, row_learning_rate: How the tables' rows train
             (`HashEmbedding`): lazy ``adam``, row-wise ``adagrad`` or ``sgd``, at their
             own rate (None: `learning_rate`).
+        bias_terms: Each row ends with its id's bias, added to the logit: an item's
+            popularity, learned at the rows' rate, where the dense layers would learn
+            it slowly through the item's other columns.
     """
 
-    # The reference's NeuMF sizes and Adam settings, as ncf-main's defaults.
+    # The reference's NeuMF sizes, as ncf-main's defaults.
     mf_dim: int = hyperparams.ModelParams.mf_dim
     layers: tuple[int, ...] = hyperparams.ModelParams.layers
     mlp_regularization: tuple[float, ...] = hyperparams.ModelParams.mlp_regularization
@@ -58,12 +61,15 @@ class OnlineParams:
     admit_probability: float = 1.0
     max_norm: float | None = None
     num_neg: int = 4
-    learning_rate: float = hyperparams.ModelParams.learning_rate
+    # One pass over a stream: rates, the rows' rule and the biases chosen on the
+    # validation streams (docs/online.md, "One pass").
+    learning_rate: float = 0.01
     beta1: float = hyperparams.ModelParams.beta1
     beta2: float = hyperparams.ModelParams.beta2
     epsilon: float = hyperparams.ModelParams.epsilon
-    row_optimizer: str = "adam"
-    row_learning_rate: float | None = None
+    row_optimizer: str = "adagrad"
+    row_learning_rate: float | None = 0.1
+    bias_terms: bool = True
 
 
 # A new row starts at U(-0.004, 0.004): near zero, so that until its id has been
@@ -102,10 +108,11 @@ class OnlineNeuMF(network.NeuMF):
         admit_probability: float = OnlineParams.admit_probability,
         row_optimizer: str = OnlineParams.row_optimizer,
         row_learning_rate: float | None = OnlineParams.row_learning_rate,
+        bias_terms: bool = OnlineParams.bias_terms,
         shard_devices: list[str] | None = None,
         **kwargs,
     ) -> None:
-        width = network.NeuMF.table_width(mf_dim, layers)
+        width = network.NeuMF.table_width(mf_dim, layers) + int(bias_terms)
 
         def hash_table(capacity: int, eviction: str | None, name: str, seed: int):
             if evict_filter_value is not None and eviction is not None:
@@ -138,6 +145,7 @@ class OnlineNeuMF(network.NeuMF):
             **kwargs,
         )
         self.num_neg = num_neg
+        self.bias_terms = bias_terms
 
     # No control flow over tensors: AutoGraph's conversion would only cost start-up time.
     @tf.autograph.experimental.do_not_convert
@@ -180,7 +188,7 @@ class OnlineNeuMF(network.NeuMF):
         # IndexedSlices, the two gathers' in the same order, without the concatenations.
         items = rows(self.item_embedding, tf.concat([resolved["items"], resolved["negatives"]], 0))
         users = tf.concat([user, tf.repeat(user, self.num_neg, axis=0)], axis=0)
-        logits = tf.cast(self.score(users, items)[:, 0], tf.float32)
+        logits = tf.cast(self.score_rows(users, items), tf.float32)
         batch = tf.shape(user)[0]
         labels = tf.concat([tf.ones([batch]), tf.zeros([batch * self.num_neg])], axis=0)
         valid = tf.concat(
@@ -189,6 +197,21 @@ class OnlineNeuMF(network.NeuMF):
         loss = neumf_model.weighted_sigmoid_cross_entropy(logits, labels, valid)
         loss /= tf.maximum(tf.reduce_sum(valid), 1.0)
         return {"loss": loss}
+
+    def split_bias(self, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """Looked-up rows `(n, width)` as NeuMF's columns and the ids' biases `(n,)`
+        (None without `bias_terms`). One split: its gradient is one concatenation."""
+        if not self.bias_terms:
+            return rows, None
+        columns, bias = tf.split(rows, [tf.shape(rows)[-1] - 1, 1], axis=-1)
+        return columns, bias[:, 0]
+
+    def score_rows(self, user: tf.Tensor, item: tf.Tensor) -> tf.Tensor:
+        """Logits `(n,)` of looked-up user and item rows, pair by pair: NeuMF's score
+        of their columns, plus both biases."""
+        (user, user_bias), (item, item_bias) = self.split_bias(user), self.split_bias(item)
+        logits = self.score(user, item)[:, 0]
+        return logits if user_bias is None else logits + user_bias + item_bias
 
     @tf.autograph.experimental.do_not_convert
     def score_candidates(
@@ -205,8 +228,8 @@ class OnlineNeuMF(network.NeuMF):
         once; only the layers above it run per pair.
         """
         with tf.name_scope(step_stages.PREQUENTIAL):
-            user = self.user_embedding(users, training=False)
-            rows = self.item_embedding(items, training=False)
+            user, user_bias = self.split_bias(self.user_embedding(users, training=False))
+            rows, item_bias = self.split_bias(self.item_embedding(items, training=False))
             kernel = tf.cast(self.logit.kernel[:, 0], self.compute_dtype)
             gmf = self.gmf_width
             # Each user's and each item's share: the GMF weights on the user's side, the
@@ -219,7 +242,7 @@ class OnlineNeuMF(network.NeuMF):
                 half = self.mlp_width
                 user_parts.append(user[:, gmf:] @ kernel[gmf : gmf + half, None])
                 item_parts.append(rows[:, gmf:] @ kernel[gmf + half :, None])
-            return _in_blocks(
+            logits = _in_blocks(
                 lambda start, end: self._pair_logits(
                     [part[start:end] for part in user_parts],
                     item_parts,
@@ -228,6 +251,10 @@ class OnlineNeuMF(network.NeuMF):
                 ),
                 tf.shape(users)[0],
             )
+            if user_bias is None:
+                return logits
+            biases = user_bias[:, None] + tf.gather(item_bias, positions)
+            return logits + tf.cast(biases, tf.float32)
 
     def _pair_logits(self, user_parts, item_parts, positions, mlp_kernel) -> tf.Tensor:
         """`(n, m)` float32 logits of `n` users' shares with their candidates' (the
@@ -272,6 +299,7 @@ class OnlineNeuMF(network.NeuMF):
             num_neg=self.num_neg,
             row_optimizer=self.user_embedding.row_optimizer,
             row_learning_rate=self.user_embedding.row_learning_rate,
+            bias_terms=self.bias_terms,
         )
         return config
 
@@ -330,6 +358,7 @@ def build_online_model(
         params.admit_probability,
         params.row_optimizer,
         params.row_learning_rate,
+        params.bias_terms,
         shard_devices=shard_devices,
     )
     # The strategy would place the tables' own variables too (on the ps tasks): they
@@ -407,7 +436,7 @@ def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
         def serve(self, user_id, item_id):
             user = network.user_embedding.serving_rows(self.tables[0], user_id)
             item = network.item_embedding.serving_rows(self.tables[1], item_id)
-            logits = tf.cast(network.score(user, item)[:, 0], tf.float32)
+            logits = tf.cast(network.score_rows(user, item), tf.float32)
             return {"scores": tf.sigmoid(logits)}
 
     module = Serving()

@@ -54,7 +54,7 @@ import keras
 import tensorflow as tf
 
 from official.core import precision, signals
-from official.core.runner import sum_over_steps, traced, without_autotuning
+from official.core.runner import traced, without_autotuning
 from recommendation.online import cluster, sink_calls
 from recommendation.online.callback_base import CallbackList
 from recommendation.online.metrics import build_metrics
@@ -283,11 +283,11 @@ class RecModel(cluster.ClusterTraining):
         return {"loss": loss, **logs}
 
     def _make_sink_call(self, stacked, probing: list, inputs: tuple) -> Callable:
-        """A graph function running the `probing` callbacks' probes on their `inputs`,
-        then `num_steps` steps over stacked batches; returns the sum of each logged
-        scalar and the probes' outputs. It is traced once for any number of steps, any
-        batch size (a partial batch from a quiet stream must not stall training for a
-        retrace) and any length of the probes' inputs."""
+        """A graph function running `num_steps` steps over stacked batches, each after
+        the `probing` callbacks' probes of it (`sink_calls.steps_with_probes`); returns
+        the sum of each logged scalar and the probes' outputs. It is traced once for
+        any number of steps, any batch size (a partial batch from a quiet stream must
+        not stall training for a retrace) and any length of the probes' inputs."""
         jit = self.boost_level == "O2"
         resolvable = hasattr(self.network, "resolve")
         compiled = None
@@ -309,15 +309,12 @@ class RecModel(cluster.ClusterTraining):
         )
 
         def call(stacked, num_steps, inputs):
-            # The probes first: in program order, so that their reads of the tables
-            # and weights come before any step's writes (automatic control
-            # dependencies), and the rest of their ops run beside the steps'.
-            outputs = sink_calls.run_probes(probing, inputs)
-            totals = sum_over_steps(
+            return sink_calls.steps_with_probes(
                 lambda index: step(tf.nest.map_structure(lambda t: t[index], stacked)),
+                probing,
+                inputs,
                 num_steps,
             )
-            return totals, outputs
 
         return traced(
             call,
@@ -444,7 +441,8 @@ class RecModel(cluster.ClusterTraining):
         probing = [callback for callback in probing if callback in group.probe_inputs]
         inputs = tuple(group.probe_inputs[callback] for callback in probing)
         if self.cluster is not None:  # the probes here, then the steps on the workers
-            outputs = self._sink_calls(sink_calls.probe_call, None, probing, inputs)
+            num_steps = tf.constant(group.num_steps)
+            outputs = self._sink_calls(sink_calls.probe_call, None, probing, inputs, num_steps)
             logs = self.cluster.run(group)
         else:
             stacked = tf.nest.map_structure(tf.convert_to_tensor, group.stacked)

@@ -2,8 +2,8 @@
 callback that profiles chosen steps (`ProfileSteps`, ``--profile_steps``): the profile
 then shows where a step's time goes (`scripts/profile_online_step.py` sums one by
 stage). A stage's ops inside another's belong to the
-inner one (eviction runs inside admission), except in the prequential scoring, a graph
-call of its own before the sink trains, whose ops are all its own."""
+inner one (eviction runs inside admission), except the prequential scoring's (a probe
+run before each step, in the sink's graph call), which are all its own."""
 
 from __future__ import annotations
 

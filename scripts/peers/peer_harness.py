@@ -279,6 +279,17 @@ def positive(text: str) -> int:
     return value
 
 
+def positive_rate(text: str) -> float:
+    """An argparse type: a positive number (a learning rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 def _non_negative(text: str) -> int:
     value = _integer(text)
     if value < 0:

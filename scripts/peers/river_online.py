@@ -13,7 +13,8 @@ instead, with ``predict_one`` as the score.
 
 The model is configured as a river user would find it: ``reco.BiasedMF(seed=...)``,
 river's documented defaults (10 factors, plain SGD at 0.01 for biases and factors,
-squared loss, no L2, factors drawn from N(0, 0.1), biases from 0). Its documentation
+squared loss, no L2, factors drawn from N(0, 0.1), biases from 0); ``--n_factors`` and
+``--learning_rate`` (both SGDs') change the two that a user would tune. Its documentation
 gives no other settings for implicit feedback (its examples regress ratings), and the
 defaults work for it: with every event learned as y=1 and --num_neg items sampled from
 those seen so far as y=0 (ncf-online's default 4), squared loss regresses the click
@@ -24,12 +25,14 @@ sees, for ever (no eviction), so its tables' ``ids`` are all the stream's.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import river
-from river import reco
+from river import optim, reco
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peer_harness  # noqa: E402  (a sibling script)
@@ -41,10 +44,18 @@ class RiverBiasedMF:
 
     Args:
         seed: Fixes the factors' initial draws (None: unseeded).
+        n_factors, learning_rate: None: river's defaults (10; SGD at 0.01).
     """
 
-    def __init__(self, seed: int | None) -> None:
-        self.model = reco.BiasedMF(seed=seed)
+    def __init__(
+        self, seed: int | None, n_factors: int | None = None, learning_rate: float | None = None
+    ) -> None:
+        settings = {} if n_factors is None else {"n_factors": n_factors}
+        if learning_rate is not None:
+            settings.update(
+                latent_optimizer=optim.SGD(learning_rate), bias_optimizer=optim.SGD(learning_rate)
+            )
+        self.model = reco.BiasedMF(seed=seed, **settings)
 
     def score(self, users: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         predict = self.model.predict_one
@@ -81,12 +92,22 @@ class RiverBiasedMF:
         }
 
 
+def add_flags(flag: Callable[..., argparse.Action]) -> None:
+    flag("--n_factors", type=peer_harness.positive, help="Factors (default: river's, 10).")
+    flag(
+        "--learning_rate",
+        type=peer_harness.positive_rate,
+        help="SGD's rate, of the factors and the biases (default: river's, 0.01).",
+    )
+
+
 def main() -> None:
     peer_harness.main(
         sys.argv[1:],
         "river",
         __doc__.split("\n\n")[0],
-        lambda flags: RiverBiasedMF(flags.seed),
+        lambda flags: RiverBiasedMF(flags.seed, flags.n_factors, flags.learning_rate),
+        add_flags,
     )
 
 

@@ -36,10 +36,15 @@ sharded path itself cannot run here: its fused optimiser has no CPU kernel for
 ``fbgemm::reset_weight_momentum``. Scores go through the module's own forward, in eval
 mode (nothing admitted, an id without a row reads the shared one).
 
-Adam at ncf-online's rate and betas, lazy as ncf-online's: the tables' ``nn.Embedding``
-modules set to sparse gradients and trained by ``torch.optim.SparseAdam`` (only the
-rows of the step, and their moments), the dense layers by ``torch.optim.Adam``. The
-dense layers start as PyTorch's ``nn.Linear`` does. ``torch.set_num_threads`` is the
+Trained as ncf-online trains, with its flags and defaults: the tables' ``nn.Embedding``
+modules set to sparse gradients (only the rows of the step change) and trained by
+``--row_optimizer``: ``adagrad`` (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``, one accumulator a
+row of the mean squared gradient, written here for sparse gradients as ncf-online's
+``optimizers.rowwise_adagrad_rows``: the fused TBE optimiser that holds it is the
+sharded path), ``adam`` (``torch.optim.SparseAdam``) or ``sgd``, at
+``--row_learning_rate``; the dense layers by ``torch.optim.Adam`` at
+``--learning_rate``. With ``--bias_terms`` each row ends with its id's bias, added to
+the logit. The dense layers start as PyTorch's ``nn.Linear`` does. ``torch.set_num_threads`` is the
 cores this process may use, as TensorFlow's default is.
 """
 
@@ -75,10 +80,14 @@ import peer_harness  # noqa: E402  (a sibling script)
 
 SIDES = ("user", "item")
 # ncf-online's defaults: --num_factors, --layers, --learning_rate (Adam's betas and
-# epsilon are PyTorch's defaults too), --user_capacity, --item_capacity.
+# epsilon are PyTorch's defaults too), --row_optimizer, --row_learning_rate,
+# --bias_terms, --user_capacity, --item_capacity.
 NUM_FACTORS = 8
 LAYERS = (64, 32, 16, 8)
-LEARNING_RATE = 0.001
+LEARNING_RATE = 0.01
+ROW_OPTIMIZERS = ("adagrad", "adam", "sgd")
+ROW_LEARNING_RATE = 0.1
+ROWWISE_ADAGRAD_EPSILON = 1e-8  # FBGEMM's
 CAPACITIES = {"user": 2**16, "item": 2**15}
 POLICIES = {"mch_lru": LRU_EvictionPolicy, "mch_lfu": DistanceLFU_EvictionPolicy}
 TABLE_KINDS = (*POLICIES, "hash")
@@ -100,12 +109,46 @@ class NeuMF(nn.Module):
         )
         self.logit = nn.Linear(num_factors + layers[-1], 1)
 
-    def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-        """`(m,)` logits of `(m, width)` user and item rows."""
-        split = self.num_factors
+    def forward(self, user: torch.Tensor, item: torch.Tensor, bias_terms: bool) -> torch.Tensor:
+        """`(m,)` logits of `(m, width)` user and item rows (with `bias_terms`, their
+        last columns are the ids' biases, added to the logit)."""
+        split, end = self.num_factors, user.shape[1] - bias_terms
         gmf = user[:, :split] * item[:, :split]
-        mlp = self.mlp(torch.cat([user[:, split:], item[:, split:]], dim=1))
-        return self.logit(torch.cat([gmf, mlp], dim=1))[:, 0]
+        mlp = self.mlp(torch.cat([user[:, split:end], item[:, split:end]], dim=1))
+        logits = self.logit(torch.cat([gmf, mlp], dim=1))[:, 0]
+        return logits + user[:, end] + item[:, end] if bias_terms else logits
+
+
+class RowwiseAdagrad(torch.optim.Optimizer):
+    """FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` on sparse gradients: each row present adds
+    the mean of its squared gradient to its one accumulator and moves by ``lr * g /
+    (sqrt(accumulator) + eps)``; the other rows keep their weights and state."""
+
+    def __init__(self, params, lr: float, eps: float = ROWWISE_ADAGRAD_EPSILON) -> None:
+        super().__init__(params, {"lr": lr, "eps": eps})
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            for weight in group["params"]:
+                if weight.grad is None:
+                    continue
+                gradient = weight.grad.coalesce()  # one entry a row
+                rows, values = gradient.indices()[0], gradient.values()
+                state = self.state[weight]
+                if "sum" not in state:
+                    state["sum"] = torch.zeros(weight.shape[0], dtype=weight.dtype)
+                state["sum"][rows] += values.pow(2).mean(dim=1)
+                scale = group["lr"] / (state["sum"][rows].sqrt() + group["eps"])
+                weight[rows] -= scale[:, None] * values
+
+
+def _row_optimizer(kind: str, weights: list, rate: float) -> torch.optim.Optimizer:
+    if kind == "adagrad":
+        return RowwiseAdagrad(weights, rate)
+    if kind == "adam":
+        return torch.optim.SparseAdam(weights, lr=rate)
+    return torch.optim.SGD(weights, lr=rate)  # sparse gradients: the rows present
 
 
 def _features(users: torch.Tensor, items: torch.Tensor, item_lengths: torch.Tensor):
@@ -128,7 +171,9 @@ class TorchRecNeuMF:
         tables: One of `TABLE_KINDS`.
         capacities: Ids each side's table holds (``user``, ``item``).
         num_factors, layers: The network's widths.
-        learning_rate: Both Adams'.
+        learning_rate: The dense layers' Adam's.
+        row_optimizer, row_learning_rate: The rows' rule (`ROW_OPTIMIZERS`) and rate.
+        bias_terms: Each row ends with its id's bias.
         seed: Fixes the initial weights (None: unseeded).
         threads: ``torch.set_num_threads`` (None: the cores this process may use).
     """
@@ -140,6 +185,9 @@ class TorchRecNeuMF:
         num_factors: int = NUM_FACTORS,
         layers: tuple[int, ...] = LAYERS,
         learning_rate: float = LEARNING_RATE,
+        row_optimizer: str = ROW_OPTIMIZERS[0],
+        row_learning_rate: float = ROW_LEARNING_RATE,
+        bias_terms: bool = True,
         seed: int | None = None,
         threads: int | None = None,
     ) -> None:
@@ -148,7 +196,8 @@ class TorchRecNeuMF:
         torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
         self.capacities = capacities
         self.managed = tables in POLICIES
-        width = num_factors + layers[0] // 2
+        width = num_factors + layers[0] // 2 + bias_terms
+        self.bias_terms = bias_terms
         # A managed table's last row is its shared row for ids without one.
         self.rows = {side: capacities[side] + self.managed for side in SIDES}
         self.configs = [
@@ -176,8 +225,8 @@ class TorchRecNeuMF:
         else:
             self.lookup = self.embeddings
         self.network = NeuMF(num_factors, layers)
-        self.table_optimizer = torch.optim.SparseAdam(
-            list(self.embeddings.parameters()), lr=learning_rate
+        self.table_optimizer = _row_optimizer(
+            row_optimizer, list(self.embeddings.parameters()), row_learning_rate
         )
         self.dense_optimizer = torch.optim.Adam(self.network.parameters(), lr=learning_rate)
         self.loss = nn.BCEWithLogitsLoss()
@@ -191,6 +240,9 @@ class TorchRecNeuMF:
             "num_factors": num_factors,
             "layers": list(layers),
             "learning_rate": learning_rate,
+            "row_optimizer": row_optimizer,
+            "row_learning_rate": row_learning_rate,
+            "bias_terms": bias_terms,
             "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
         }
@@ -213,7 +265,7 @@ class TorchRecNeuMF:
             if self.managed:
                 rows, _ = rows  # (embeddings, remapped features: not asked for)
             user = rows["user"].values().repeat_interleave(count, dim=0)
-            logits = self.network(user, rows["item"].values())
+            logits = self.network(user, rows["item"].values(), self.bias_terms)
         return logits.reshape(candidates.shape).numpy()
 
     def learn(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> None:
@@ -229,7 +281,7 @@ class TorchRecNeuMF:
         else:
             self._count_hashed(raw, features)
         rows = self.embeddings(features)
-        logits = self.network(rows["user"].values(), rows["item"].values())
+        logits = self.network(rows["user"].values(), rows["item"].values(), self.bias_terms)
         loss = self.loss(logits, torch.from_numpy(labels).float())
         self.table_optimizer.zero_grad()
         self.dense_optimizer.zero_grad()
@@ -260,17 +312,16 @@ class TorchRecNeuMF:
             self.counts[config.name]["admitted"] += len(rows)
             weight = self.embeddings.embeddings[config.name].weight
             weight[rows] = config.init_fn(torch.empty(len(rows), weight.shape[1]))
-            state = self.table_optimizer.state.get(weight)
-            if state:  # none before the first step
-                state["exp_avg"][rows] = 0.0
-                state["exp_avg_sq"][rows] = 0.0
+            for moment in self.table_optimizer.state.get(weight, {}).values():
+                if torch.is_tensor(moment) and moment.shape[:1] == weight.shape[:1]:
+                    moment[rows] = 0.0  # Adam's two, Adagrad's accumulator
 
     def tables(self) -> dict[str, dict]:
         """ncf-online's table counts, from what TorchRec reports: a managed table's ids
         held (``capacity - open_slots()``), admitted (rows ``evict()`` handed to new
         ids, a free one included), evicted (the ids that lost their row: admitted but
         no longer held) and refused; a hash table's distinct ids, all sharing its
-        ``rows_in_use``. ``bytes``: its weights, Adam moments and, managed, the
+        ``rows_in_use``. ``bytes``: its weights, the rows' optimiser state and, managed, the
         managed-collision module's buffers."""
         counts = {}
         open_slots = self.collisions.open_slots() if self.managed else {}
@@ -278,7 +329,7 @@ class TorchRecNeuMF:
             side = config.name
             weight = self.embeddings.embeddings[side].weight
             state = self.table_optimizer.state.get(weight, {})
-            tensors = [weight, *(state[moment] for moment in ("exp_avg", "exp_avg_sq") if state)]
+            tensors = [weight, *(moment for moment in state.values() if torch.is_tensor(moment))]
             if self.managed:
                 held = self.capacities[side] - int(open_slots[side])
                 admitted, refused = self.counts[side]["admitted"], self.counts[side]["refused"]
@@ -323,16 +374,6 @@ def _layers(text: str) -> tuple[int, ...]:
     return widths
 
 
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
 def add_flags(flag: Callable[..., argparse.Action]) -> None:
     """The peer's flags, ncf-online's names and defaults where it has the flag."""
     flag("--tables", choices=TABLE_KINDS, default="mch_lru", help="TorchRec's tables.")
@@ -350,7 +391,27 @@ def add_flags(flag: Callable[..., argparse.Action]) -> None:
         default=LAYERS,
         help="MLP widths, comma-separated; the first is both tables' MLP columns.",
     )
-    flag("--learning_rate", type=_rate, default=LEARNING_RATE, help="Adam's rate.")
+    flag(
+        "--learning_rate",
+        type=peer_harness.positive_rate,
+        default=LEARNING_RATE,
+        help="The dense layers' rate.",
+    )
+    flag(
+        "--row_optimizer", choices=ROW_OPTIMIZERS, default=ROW_OPTIMIZERS[0], help="The rows' rule."
+    )
+    flag(
+        "--row_learning_rate",
+        type=peer_harness.positive_rate,
+        default=ROW_LEARNING_RATE,
+        help="The rows' rate.",
+    )
+    flag(
+        "--bias_terms",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="End each row with its id's bias (--no-bias_terms: none).",
+    )
     flag(
         "--threads",
         type=peer_harness.positive,
@@ -365,6 +426,9 @@ def make_learner(flags: argparse.Namespace) -> TorchRecNeuMF:
         flags.num_factors,
         flags.layers,
         flags.learning_rate,
+        flags.row_optimizer,
+        flags.row_learning_rate,
+        flags.bias_terms,
         flags.seed,
         flags.threads,
     )
