@@ -14,7 +14,8 @@ cold and warm users):
   --user_capacities, its item table at --item_capacity, more flags from
   --online_flags), a process each (`online_runs.stream_run`, peak RSS polled from
   outside);
-- river's ``reco.BiasedMF`` (no eviction: one run), with --river_python (the python of
+- river's ``reco.BiasedMF`` (no eviction: one run at river's defaults, and one at each
+  of --river_settings), with --river_python (the python of
   ``scripts/peers/setup_river.sh``'s environment), if given;
 - TorchRec's managed-collision tables (``mch_lru``, ``mch_lfu``) and plain hashing
   (``hash``) at each capacity, with --torchrec_python (``setup_torchrec.sh``), if given.
@@ -62,6 +63,12 @@ flags.DEFINE_string(
     "defaults, e.g. those a table was measured with.",
 )
 flags.DEFINE_string("river_python", None, "Python of river's environment (setup_river.sh).")
+flags.DEFINE_multi_string(
+    "river_settings",
+    [],
+    "More river runs, each with these river_online.py flags (space-separated), beside the "
+    "one at river's defaults: e.g. the rate chosen on validation streams.",
+)
 flags.DEFINE_string("torchrec_python", None, "Python of TorchRec's environment.")
 flags.DEFINE_string("work_dir", None, "Where the runs' files go (default: a temporary folder).")
 flags.DEFINE_string("plot_dir", None, "Write the chart here.")
@@ -162,8 +169,13 @@ def _runs(work: str) -> list[tuple[str, str, dict]]:
         frameworks["TorchRec"] = _imports_only(FLAGS.torchrec_python, "torch, torchrec")
     if FLAGS.river_python:
         frameworks["river"] = _imports_only(FLAGS.river_python, "river")
-        run = lambda folder: _peer(FLAGS.river_python, "river_online.py", folder)  # noqa: E731
-        systems.append(("river BiasedMF", "river", "all ids", run))
+        for settings in ["", *FLAGS.river_settings]:
+            more = tuple(settings.split())
+            run = lambda folder, more=more: _peer(  # noqa: E731
+                FLAGS.river_python, "river_online.py", folder, *more
+            )
+            name = f"river BiasedMF {settings}".strip()
+            systems.append((name, "river", "all ids", run))
     runs = []
     for index, (system, framework, capacity, run) in enumerate(systems):
         folder = os.path.join(work, f"{index:02d}")

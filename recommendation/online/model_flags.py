@@ -79,9 +79,9 @@ MODEL_FLAGS = (
     ),
     FlagSpec(
         "row_learning_rate",
-        "The rows' learning rate (unset: --learning_rate, the dense layers').",
+        "The rows' learning rate (the dense layers' is --learning_rate).",
         field="model.row_learning_rate",
-        checks=(POSITIVE_OR_UNSET,),
+        checks=(POSITIVE,),
     ),
     FlagSpec(
         "bias_terms",

@@ -68,7 +68,7 @@ class OnlineParams:
     beta2: float = hyperparams.ModelParams.beta2
     epsilon: float = hyperparams.ModelParams.epsilon
     row_optimizer: str = "adagrad"
-    row_learning_rate: float | None = 0.1
+    row_learning_rate: float | None = 0.2
     bias_terms: bool = True
 
 

@@ -56,7 +56,7 @@ def steps_with_probes(
     the step's. Returns the totals and each probe's outputs over the steps, concatenated
     (a probe returns one tensor a step)."""
     if not probing:
-        return sum_over_steps(step, num_steps), ()
+        return (sum_over_steps(step, num_steps) if step else {}), ()
 
     def probed(index):
         outputs = run_probes(probing, inputs, index)
