@@ -11,9 +11,8 @@ scored before it is learned against 99 items seen before it; HR@10, NDCG@10, AUC
 cold and warm users):
 
 - ncf-online under each policy of --policies (its user table at each of
-  --user_capacities, its item table at --item_capacity, more flags from
-  --online_flags), a process each (`online_runs.stream_run`, peak RSS polled from
-  outside);
+  --user_capacities, its item table at --item_capacity), a process each
+  (`online_runs.stream_run`, peak RSS polled from outside);
 - river's ``reco.BiasedMF`` (no eviction: one run at river's defaults, and one at each
   of --river_settings), with --river_python (the python of
   ``scripts/peers/setup_river.sh``'s environment), if given;
@@ -56,12 +55,6 @@ flags.DEFINE_string("name", "stream", "The stream's name in the table and the ch
 flags.DEFINE_list("user_capacities", ["65536"], "User-table capacities (ids).")
 flags.DEFINE_integer("item_capacity", 32768, "Item-table capacity (ids).")
 flags.DEFINE_list("policies", ["none", "lru", "lfu", "ttl:200"], "ncf-online's user policies.")
-flags.DEFINE_string(
-    "online_flags",
-    "",
-    "More ncf-online flags (space-separated) for its every run: other settings than its "
-    "defaults, e.g. those a table was measured with.",
-)
 flags.DEFINE_string("river_python", None, "Python of river's environment (setup_river.sh).")
 flags.DEFINE_multi_string(
     "river_settings",
@@ -97,7 +90,6 @@ def _imports_only(python: str, modules: str) -> int:
 def _ours(capacity: int, policy: str, work: str) -> dict:
     """ncf-online at `capacity` under `policy`: its summary and what is measured of it."""
     extra = (f"--item_capacity={FLAGS.item_capacity}", f"--user_evict_policy={policy}")
-    extra += tuple(FLAGS.online_flags.split())
     online_runs.fresh_folder(work)
     run = online_runs.stream_run(FLAGS.events_dir, capacity, work, more_flags=extra)
     summary = run["summary"]
