@@ -10,10 +10,9 @@ full); nothing half-written is left behind.
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags
 
+from official.utils.misc import errors
 from recommendation.data import movielens, preprocessing_cache
 from recommendation.training import ncf_common
 
@@ -45,20 +44,17 @@ def summary_lines(result: preprocessing_cache.LoadResult, dataset: str) -> list[
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # the flags parser refused any other argument
     config = ncf_common.data_config_from_flags(flags.FLAGS)
-    try:
+    with errors.exit_on_user_errors(movielens.DataError):
         result = preprocessing_cache.load_or_build(config)
-    except movielens.DataError as error:
-        sys.exit(f"error: {error}")
     print("\n".join(summary_lines(result, config.dataset)))
 
 
 def run_main() -> None:
     """Console-script entry point."""
     ncf_common.define_data_flags()
-    app.run(main)
+    app.run(main, flags_parser=errors.command_line_parser())
 
 
 if __name__ == "__main__":

@@ -25,8 +25,7 @@ from recommendation.training import ncf_common
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # the flags parser refused any other argument
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
     with (
         errors.exit_on_user_errors(ExportError, movielens.DataError, ModelDirError, ValueError),

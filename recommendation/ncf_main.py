@@ -22,8 +22,7 @@ from recommendation.training import cycles, ncf_common, reporting
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # the flags parser refused any other argument
     config = ncf_common.ncf_config_from_flags(flags.FLAGS)
     with (
         signals.stop_on_signals(),

@@ -407,8 +407,7 @@ def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> OnlineConf
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # the flags parser refused any other argument
     config = config_from_flags(flags.FLAGS)
     with errors.exit_on_user_errors(ValueError, cluster.ClusterError):
         distribution_utils.configure_threads(config.inter_op_threads, config.intra_op_threads)

@@ -237,12 +237,11 @@ def run(fv: flags.FlagValues) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # the flags parser refused any other argument
     with errors.exit_on_user_errors(DataError, export_files.ExportError):
         print(run(flags.FLAGS))
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=errors.command_line_parser())

@@ -20,6 +20,9 @@ import sys
 import time
 from collections.abc import Iterable
 
+import quiet_loading  # noqa: F401  (first: TensorFlow loads with its lines to a file)
+
+# isort: split
 import fake_gcs
 import keras
 import pytest

@@ -9,15 +9,17 @@ import tensorflow as tf
 from official.utils.misc import errors
 
 
-def test_a_path_the_file_system_rejects_is_one_error_line(tmp_path):
+def test_a_path_the_file_system_rejects_is_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         with errors.exit_on_user_errors():
             tf.io.gfile.exists("gs://")  # an InvalidArgumentError of the file system
-    assert exit_.value.code == "error: GCS path doesn't contain a bucket name: gs://"
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == "error: GCS path doesn't contain a bucket name: gs://\n"
     with pytest.raises(SystemExit) as exit_:
         with errors.exit_on_user_errors():
             tf.io.gfile.GFile(str(tmp_path / "missing")).read()
-    assert exit_.value.code == f"error: {tmp_path / 'missing'}; No such file or directory"
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'missing'}; No such file or directory\n"
 
 
 @pytest.mark.parametrize("traced", [True, False])

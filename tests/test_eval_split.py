@@ -369,7 +369,11 @@ def test_a_model_dir_of_the_other_split_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--eval_split=train"], "FATAL Flags parsing error: flag --eval_split=train: value"),
+        (
+            ["--eval_split=train"],
+            "error: flag --eval_split=train: value should be one of <test|validation> "
+            "(--helpshort lists the flags)",
+        ),
         (
             ["--eval_split=validation", "--output_ml_perf_compliance_logging"],
             "error: --output_ml_perf_compliance_logging records the MLPerf protocol, which "

@@ -22,6 +22,7 @@ import tensorflow as tf
 from absl import flags as absl_flags
 from conftest import damage_checkpoint
 
+from official.core import writer_lease
 from official.utils.flags import core
 from recommendation import online_main
 from recommendation.online import callbacks, online_ncf, run_summary, versioned_export
@@ -757,3 +758,40 @@ def test_the_final_line_says_lost_events_are_unknown_where_some_may_be_uncounted
     assert ", dead letters 0, lost events 3, reconnects 0, stopped by callback" in counted
     uncounted = run_summary.summary_line({**summary, "lost_events_exact": False})
     assert ", lost events unknown (3 counted: see the warnings), reconnects 0, " in uncounted
+
+
+# ---------------------------------------------------------------------------
+# A refusal ends with our error line: nothing (TensorFlow's warnings about an abandoned
+# restore, absl's usage hint) may follow it
+
+
+def _last_line(process: subprocess.Popen, tmp_path, name: str) -> str:
+    process.wait(timeout=240)
+    assert process.returncode == 1
+    text = open(tmp_path / f"{name}.out").read() + open(tmp_path / f"{name}.err").read()
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+@pytest.mark.integration
+def test_every_refusal_ends_with_its_error_line(tmp_path):
+    events_dir, model_dir = tmp_path / "events", tmp_path / "model"
+    events_dir.mkdir()
+    _write_lines(events_dir / "a.csv", _csv(_events(BATCH * 4, seed=14)))
+    flags = [f"--events_dir={events_dir}", f"--model_dir={model_dir}", "--idle_timeout_secs=1"]
+    _finish(*_start(tmp_path, "first", *flags, "--checkpoint_every_steps=4"), tmp_path, "first")
+    refusals = {
+        "other_flags": (flags + ["--num_factors=8"], "was made with other model flags"),
+        "bad_flag": (flags + ["--row_learning_rate=0"], "--row_learning_rate=0"),
+        "argument": (flags + ["stray"], "unexpected arguments: stray"),
+    }
+    for name, (command, message) in refusals.items():
+        line = _last_line(_start(tmp_path, name, *command)[0], tmp_path, name)
+        assert line.startswith("error: ") and message in line, (name, line)
+    (checkpoint,) = {p.split(".")[0] for p in os.listdir(model_dir) if p.startswith("ckpt-")}
+    damage_checkpoint(str(model_dir / checkpoint), "truncated")
+    line = _last_line(_start(tmp_path, "damaged", *flags)[0], tmp_path, "damaged")
+    assert line.startswith(f"error: no intact checkpoint in {model_dir}"), line
+    shutil.rmtree(model_dir)
+    with writer_lease.hold(str(model_dir), "ncf-online"):
+        line = _last_line(_start(tmp_path, "leased", *flags)[0], tmp_path, "leased")
+    assert line.startswith(f"error: --model_dir {model_dir} is in use by ncf-online"), line

@@ -11,7 +11,8 @@ session and arguments and runs the module as ``python -m`` does; it exits as
 its own: its pid is signalled, killed and waited on as any child's (the waiting goes
 through a pidfd and the starter, its parent). What differs from a cold start is only
 what loading prints: TensorFlow's lines about oneDNN and CUDA come once, from the
-starter.
+starter, into a file shown only if the starter fails (so that nothing follows
+pytest's summary).
 
 `install` routes `subprocess.Popen` through a starter for ``sys.executable -m
 <module of this project> ...`` with nothing else changed about the process (no shell,
@@ -31,6 +32,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,6 +141,8 @@ class Starter:
         ours, theirs = socket.socketpair()
         self._channel = ours
         self._lock = threading.Lock()
+        # Its output (TensorFlow's loading lines, a traceback): shown only if it fails.
+        self._log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
@@ -146,18 +150,21 @@ class Starter:
             cwd=_ROOT,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            stderr=self._log,
         )
         theirs.close()
         ready, _ = _receive(ours)
         if not ready:
-            raise RuntimeError(f"the warm starter ({__file__}) ended before it was ready")
+            raise RuntimeError(
+                f"the warm starter ({__file__}) ended before it was ready: {self._output()}"
+            )
 
     def start(self, request: dict, fds: list[int]) -> int:
         with self._lock:
             _send(self._channel, {"op": "start", **request}, fds)
             answer, _ = _receive(self._channel)
         if answer is None:
-            raise RuntimeError("the warm starter ended: see its traceback above")
+            raise RuntimeError(f"the warm starter ended: {self._output()}")
         return answer["pid"]
 
     def reap(self, pid: int) -> int:
@@ -170,6 +177,11 @@ class Starter:
     def close(self) -> None:
         self._channel.close()
         self.process.wait()
+        self._log.close()
+
+    def _output(self) -> str:
+        self._log.seek(0)
+        return self._log.read()[-4000:]
 
 
 class _WarmWait:

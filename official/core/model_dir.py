@@ -13,13 +13,12 @@ RecModel) do the same way.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import glob
-import logging as py_logging
 import os
 import re
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
@@ -100,10 +99,12 @@ def restore_latest(
     latest, damaged = None, []
     for path in _candidates(directory):
         checkpoint = new_checkpoint()
-        with _quiet_tensorflow_warnings():
+        with errors.quiet_tensorflow_warnings():
             try:
                 problem = _restore(checkpoint, path)
             except _OtherModel as mismatch:
+                # The restore's frames hold the checkpoint: freed now, quietly.
+                traceback.clear_frames(mismatch.__traceback__)
                 newer = f"{_named(damaged)}, and " if damaged else ""
                 raise ModelDirError(
                     f"{newer}the checkpoint {path} was made with other model flags or other "
@@ -380,15 +381,3 @@ def flush_to_disk(prefix: str) -> None:
     for path in [*glob.glob(prefix + ".*"), os.path.join(directory, "checkpoint"), directory]:
         if os.path.exists(path):
             atomic.flush(path)
-
-
-@contextlib.contextmanager
-def _quiet_tensorflow_warnings() -> Iterator[None]:
-    """TensorFlow's Python warnings are dropped while active (errors still show)."""
-    tf_logger = py_logging.getLogger("tensorflow")
-    level = tf_logger.level
-    tf_logger.setLevel(py_logging.ERROR)
-    try:
-        yield
-    finally:
-        tf_logger.setLevel(level)

@@ -30,7 +30,6 @@ import os
 import re
 import ssl
 import stat
-import sys
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -38,6 +37,7 @@ import redis
 from absl import flags, logging
 
 from official.utils.flags.core import Check, FlagSpec, Rule
+from official.utils.misc import errors
 
 PASSWORD_ENV = "REDIS_PASSWORD"
 USERNAME_ENV = "REDIS_USERNAME"
@@ -162,21 +162,15 @@ REDIS_FLAGS = (
 )
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing (`app.run`'s ``flags_parser``) with the Redis password masked
-    in its errors: absl prints the values of the flags that a failed check names."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as error:
-        message = str(error)
-        url = flags.FLAGS["redis_url"].value
-        if url:
-            message = message.replace(url, mask_url(url))
-        sys.stderr.write(
-            f"FATAL Flags parsing error: {message}\n"
-            "Pass --helpshort or --helpfull to see help on flags.\n"
-        )
-        sys.exit(1)
+def _mask_redis_url(message: str) -> str:
+    """`message` with --redis_url's password masked: absl's errors print the values of
+    the flags that a failed check names."""
+    url = flags.FLAGS["redis_url"].value
+    return message.replace(url, mask_url(url)) if url else message
+
+
+# absl's flag parsing for ``app.run``: one `error:` line, the Redis password masked.
+parse_flags = errors.command_line_parser(scrub=_mask_redis_url)
 
 
 def scrub(text: str, password: str | None) -> str:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 
 from absl import flags, logging
 
 from official.utils import flags as flags_core
 from official.utils.flags import core
 from official.utils.logs.mlperf_helper import MlperfOptions
+from official.utils.misc import errors
 from recommendation.data import constants, ratings_readers
 from recommendation.data.data_preprocessing import DataConfig
 from recommendation.model.hyperparams import ModelParams
@@ -188,15 +188,8 @@ def parse_ncf_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS
         ) from error
 
 
-def flags_parser(argv: list[str]) -> list[str]:
-    """`parse_ncf_flags` for ``app.run``: a bad command line ends as absl ends it (its
-    message and usage hint, status 1)."""
-    try:
-        return parse_ncf_flags(argv)
-    except flags.Error as error:
-        sys.stderr.write(f"FATAL Flags parsing error: {error}\n")
-        sys.stderr.write("Pass --helpshort or --helpfull to see help on flags.\n")
-        sys.exit(1)
+# `parse_ncf_flags` for ``app.run``: a bad command line ends with one `error:` line.
+flags_parser = errors.command_line_parser(parse_ncf_flags)
 
 
 def _experiment_of(argv: list[str]) -> str | None:

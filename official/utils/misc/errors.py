@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
+import logging
 import re
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import tensorflow as tf
+from absl import flags
 
 from official.core import signals
 
@@ -68,11 +73,66 @@ def exit_on_user_errors(*user_errors: type[Exception]) -> Iterator[None]:
         print(f"{stop}: {stop.kept or 'nothing was kept'}", file=sys.stderr, flush=True)
         sys.exit(stop.exit_code)
     except user_errors as error:
-        sys.exit(f"error: {error}")
+        line, failure = f"error: {error}", error
     except (OSError, tf.errors.OpError) as error:
         if _is_bug(error):
             raise
-        sys.exit(f"error: {os_message(error)}")
+        line, failure = f"error: {os_message(error)}", error
+    else:
+        return
+    exit_with(line, failure)
+
+
+def exit_with(line: str, failure: BaseException | None = None) -> NoReturn:
+    """Ends the process with `line` as the last thing it prints, status 1. What the
+    `failure` (and the errors it was raised in) left behind in their frames is released
+    first, quietly: an abandoned checkpoint restore says so as it is freed ("an object
+    ... is being deleted with unrestored values"), which after the line would bury it."""
+    with quiet_tensorflow_warnings():
+        while failure is not None:
+            traceback.clear_frames(failure.__traceback__)
+            failure = failure.__cause__ or failure.__context__
+        gc.collect()
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+@contextlib.contextmanager
+def quiet_tensorflow_warnings() -> Iterator[None]:
+    """TensorFlow's Python warnings are dropped while active (errors still show)."""
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        tf_logger.setLevel(level)
+
+
+def command_line_parser(
+    parse: Callable[[list[str]], list[str]] = flags.FLAGS, scrub: Callable[[str], str] = str
+) -> Callable[[list[str]], list[str]]:
+    """`app.run`'s ``flags_parser``: `parse` (absl's, by default), where a bad flag or an
+    argument that is not a flag ends as any user error does, with one `error:` line
+    last (`scrub` masks what it must not show) rather than absl's usage hint."""
+
+    def parser(argv: list[str]) -> list[str]:
+        try:
+            rest = parse(argv)
+        except flags.Error as error:
+            # absl gives each failed check a line of its own; one line says them all.
+            problems = "; ".join(
+                line.strip().rstrip(".") for line in str(error).splitlines() if line.strip()
+            )
+            exit_with(f"error: {scrub(problems)} (--helpshort lists the flags)")
+        if len(rest) > 1:
+            exit_with(
+                f"error: unexpected arguments: {' '.join(rest[1:])} (every option is a "
+                "--flag; --helpshort lists them)"
+            )
+        return rest
+
+    return parser
 
 
 def _is_bug(error: Exception) -> bool:
