@@ -45,6 +45,7 @@ from recommendation.model.hyperparams import ModelParams
 from recommendation.online import (
     callbacks,
     cluster,
+    group_claim,
     model_flags,
     online_ncf,
     prequential,
@@ -103,6 +104,7 @@ class OnlineConfig:
     stream: str = "events"
     group: str = "trainer"
     consumer: str = "trainer-0"
+    share_group: bool = False
     events_dir: str | None = None
     dead_letter_file: str | None = None
     model_dir: str = "/tmp/ncf-online"
@@ -143,9 +145,16 @@ def make_source(config: OnlineConfig, redis_access: RedisAccess | None = None):
     source, that the config names."""
     if redis_access is not None:
         client = redis_access.client(socket_timeout=30)
-        source = redis_source.RedisSource(client, config.stream, config.group, config.consumer)
+        claim = None
+        if not config.share_group:
+            claim = group_claim.GroupClaim(client, config.stream, config.group, config.model_dir)
+        source = redis_source.RedisSource(
+            client, config.stream, config.group, config.consumer, claim=claim
+        )
         with redis_access.errors_explained(source.acl_rules()):
             client.ping()
+            if claim is not None:
+                claim.acquire()
         logging.info("reading stream %r of Redis at %s", config.stream, redis_access.shown)
         return source
     dead_letter = config.dead_letter_file or os.path.join(config.model_dir, "dead_letters.jsonl")
@@ -287,7 +296,11 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
 ONLINE_FLAGS = (
     *core.under(redis_connection.REDIS_FLAGS, "redis"),
     FlagSpec("stream", "Redis stream key."),
-    FlagSpec("group", "Redis consumer group."),
+    FlagSpec("group", "Redis consumer group; one model's (its trainer claims it)."),
+    FlagSpec(
+        "share_group",
+        "Other readers of --group train this model too: take no claim of the group.",
+    ),
     FlagSpec("consumer", "Consumer name; keep it across restarts."),
     FlagSpec("events_dir", "Folder of append-only *.jsonl / *.csv event files."),
     FlagSpec(
@@ -415,7 +428,9 @@ def main(argv: list[str]) -> None:
             return cluster.serve(config.serve_as)
     start = time.perf_counter()
     # Stop signals are RecModel's: it finishes the step, checkpoints and returns.
-    with errors.exit_on_user_errors(RedisAccessError, ValueError, ModelDirError):
+    with errors.exit_on_user_errors(
+        RedisAccessError, group_claim.GroupClaimError, ValueError, ModelDirError
+    ):
         try:
             summary = run(config)
         except cluster.ClusterError as error:

@@ -795,3 +795,40 @@ def test_every_refusal_ends_with_its_error_line(tmp_path):
     with writer_lease.hold(str(model_dir), "ncf-online"):
         line = _last_line(_start(tmp_path, "leased", *flags)[0], tmp_path, "leased")
     assert line.startswith(f"error: --model_dir {model_dir} is in use by ncf-online"), line
+
+
+@pytest.mark.integration
+def test_a_second_model_is_refused_the_group_and_the_first_trains_every_event(
+    each_redis_server, tmp_path
+):
+    """Two trainers of different model_dirs on one group: the second is refused before
+    it reads anything, the first trains the whole stream; stopped, it releases the
+    group, which a third model then takes over with a warning."""
+    server = each_redis_server
+    publisher = _Publisher(server, _events(3000, seed=15), rate=1500)
+    publisher.start()
+    first_dir, other_dir, audit = tmp_path / "a", tmp_path / "b", tmp_path / "first.txt"
+    url = f"--redis_url={server.url}"
+    first, out = _start(
+        tmp_path,
+        "first",
+        url,
+        f"--model_dir={first_dir}",
+        f"--trained_events_log={audit}",
+        "--idle_timeout_secs=3",
+    )
+    _wait_for(lambda: _lines(audit), what="training", process=first)
+    second = _start(tmp_path, "second", url, f"--model_dir={other_dir}")[0]
+    assert _last_line(second, tmp_path, "second").startswith(
+        f"error: consumer group 'trainer' of stream 'events' is read by the model in {first_dir} "
+        "(ncf-online (pid "
+    )
+    publisher.join()
+    assert "online: 3,000 events" in _finish(first, out, tmp_path, "first")
+    assert sorted(_lines(audit), key=_entry_key) == _stream_ids(server.client())
+    third, out = _start(tmp_path, "third", url, f"--model_dir={other_dir}", "--idle_timeout_secs=1")
+    assert "online: 0 events" in _finish(third, out, tmp_path, "third")
+    assert (
+        f"taking over consumer group 'trainer' of stream 'events' from the model in {first_dir}"
+        in open(tmp_path / "third.err").read()
+    )

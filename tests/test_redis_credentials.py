@@ -285,7 +285,8 @@ def test_a_user_without_the_trainers_rights_is_told_the_acl_rules_that_are_enoug
         f"error: Redis at {server.url} refused user trainer a command or key this program uses "
         "(this user has no permissions to run the 'ping' command or its subcommand): allow "
         "them with ACL SETUSER trainer +ping +xgroup|create +xreadgroup +xack +xinfo|groups "
-        "+xinfo|stream +xrange +xpending +xadd +multi +exec ~events ~events:dead"
+        "+xinfo|stream +xrange +xpending +xadd +multi +exec +get +set +watch +unwatch ~events "
+        "~events:dead ~events:claim:trainer"
     )
     admin.execute_command("ACL", "SETUSER", *line.partition("ACL SETUSER ")[2].split())
     admin.xadd("events", {"user": 1, "item": 2})  # a dead letter

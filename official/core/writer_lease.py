@@ -98,6 +98,57 @@ def _when(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
+def holder_record(program: str, **more) -> dict:
+    """What names this process as the holder of something (a lease, a claim): program,
+    host, boot, pid and its start, since and last renewed, a token of its own, `more`."""
+    now = time.time()
+    return {
+        "program": program,
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "pid": os.getpid(),
+        "pid_started": _start_time(os.getpid()),
+        "since": now,
+        "renewed": now,
+        "token": uuid.uuid4().hex,
+        **more,
+    }
+
+
+def stale_reason(found: dict, expire_seconds: float, what: str = "lease") -> str | None:
+    """Why holder record `found` no longer holds, or None while its holder may run: on
+    this host, its machine restarted or its process is gone; elsewhere, it has gone
+    `expire_seconds` without a renewal."""
+    if found.get("host") == socket.gethostname():
+        if found.get("boot_id") and found.get("boot_id") != _boot_id():
+            return "its machine has restarted since"
+        if not _running(int(found.get("pid", 0)), found.get("pid_started")):
+            return "its process is gone"
+        return None
+    silent = time.time() - float(found.get("renewed", 0))
+    if silent > expire_seconds:
+        return f"it has not renewed its {what} for {silent:.0f} s"
+    return None
+
+
+def describe_holder(found: dict) -> str:
+    """A holder record as messages name it: program, pid, host and since when."""
+    return (
+        f"{found.get('program', 'a trainer')} (pid {found.get('pid')} on host "
+        f"{found.get('host')}, since {_when(float(found.get('since', 0)))})"
+    )
+
+
+def expiry(found: dict, expire_seconds: float) -> str:
+    """When the thing `found` holds is free again, for a refusal."""
+    if found.get("host") == socket.gethostname():
+        return "it is released as soon as that process ends"
+    return (
+        "if that process is gone with its machine, it is free "
+        f"{expire_seconds:.0f} s after its last renewal"
+    )
+
+
 def _folder_key(path: str) -> str:
     return os.path.normpath(path) if atomic.is_local(path) else path.rstrip("/")
 
@@ -141,18 +192,8 @@ class WriterLease:
         self.path = folder.rstrip("/") + _BESIDE if beside else os.path.join(folder, LEASE_FILE)
         self.renew_seconds, self.expire_seconds = renew_seconds, expire_seconds
         self.settle_seconds = settle_seconds
-        self.token = uuid.uuid4().hex
-        now = time.time()
-        self.record = {
-            "program": program,
-            "host": socket.gethostname(),
-            "boot_id": _boot_id(),
-            "pid": os.getpid(),
-            "pid_started": _start_time(os.getpid()),
-            "since": now,
-            "renewed": now,
-            "token": self.token,
-        }
+        self.record = holder_record(program)
+        self.token = self.record["token"]
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._taken_by: dict | None = None  # the lease found in place of ours
@@ -162,38 +203,12 @@ class WriterLease:
     def _write(self) -> None:
         atomic.write_file(self.path, json.dumps(self.record, sort_keys=True))
 
-    def _stale_reason(self, lease: dict) -> str | None:
-        """Why `lease` no longer holds the folder, or None while its holder may run."""
-        if lease.get("host") == self.record["host"]:
-            if lease.get("boot_id") and lease.get("boot_id") != self.record["boot_id"]:
-                return "its machine has restarted since"
-            if not _running(int(lease.get("pid", 0)), lease.get("pid_started")):
-                return "its process is gone"
-            return None
-        silent = time.time() - float(lease.get("renewed", 0))
-        if silent > self.expire_seconds:
-            return f"it has not renewed its lease for {silent:.0f} s"
-        return None
-
-    def _describe(self, lease: dict) -> str:
-        return (
-            f"{lease.get('program', 'a trainer')} (pid {lease.get('pid')} on host "
-            f"{lease.get('host')}, since {_when(float(lease.get('since', 0)))})"
-        )
-
     def _refusal(self, lease: dict) -> ModelDirError:
         silent = max(0.0, time.time() - float(lease.get("renewed", 0)))
-        if lease.get("host") == self.record["host"]:
-            expiry = "it is released as soon as that process ends"
-        else:
-            expiry = (
-                f"if that process is gone with its machine, the folder is free "
-                f"{self.expire_seconds:.0f} s after its last renewal"
-            )
         return ModelDirError(
-            f"{self.flag} {self.folder} is in use by {self._describe(lease)}, lease "
+            f"{self.flag} {self.folder} is in use by {describe_holder(lease)}, lease "
             f"renewed {silent:.0f} s ago: stop that process first or give this run "
-            f"another {self.flag} ({expiry})"
+            f"another {self.flag} ({expiry(lease, self.expire_seconds)})"
         )
 
     # -- holding it --------------------------------------------------------------
@@ -211,14 +226,14 @@ class WriterLease:
             with self._exclusive():
                 found = _read_lease(self.path)
                 if found is not None:
-                    reason = self._stale_reason(found)
+                    reason = stale_reason(found, self.expire_seconds)
                     if reason is None:
                         raise self._refusal(found)
                     logging.warning(
                         "taking over %s %s from %s: %s",
                         self.flag,
                         self.folder,
-                        self._describe(found),
+                        describe_holder(found),
                         reason,
                     )
                 self._write()
@@ -280,7 +295,7 @@ class WriterLease:
         if found is not None and found["token"] != self.token:
             self._taken_by = found
             raise ModelDirError(
-                f"{self.flag} {self.folder} was taken over by {self._describe(found)} while "
+                f"{self.flag} {self.folder} was taken over by {describe_holder(found)} while "
                 "this run held it (this one went without renewing its lease for longer "
                 f"than {self.expire_seconds:.0f} s: paused or cut off); it stops without "
                 "writing there: that folder is the other run's now"
@@ -311,7 +326,7 @@ class WriterLease:
         kept = {LEASE_FILE}
         for name in [name for name in names if name.endswith(_BESIDE)]:
             holder = _read_lease(os.path.join(self.folder, name))
-            if holder is None or self._stale_reason(holder) is not None:
+            if holder is None or stale_reason(holder, self.expire_seconds) is not None:
                 continue
             kept.add(name)
             if holder["token"] not in ours:
@@ -320,7 +335,7 @@ class WriterLease:
                 logging.warning(
                     "--clean leaves %s alone: %s writes it",
                     os.path.join(self.folder, export),
-                    self._describe(holder),
+                    describe_holder(holder),
                 )
         for name in names:
             if name not in kept:

@@ -16,7 +16,7 @@ import numpy as np
 import redis
 from absl import logging
 
-from recommendation.online import redis_connection
+from recommendation.online import group_claim, redis_connection
 from recommendation.online.dead_letters import payload_text
 from recommendation.online.event_parsing import EventChunk, parse_event
 
@@ -255,6 +255,8 @@ class RedisSource:
         stream, group, consumer: Stream key, consumer group and this consumer's name
             (keep it across restarts: its pending entries are re-read at start).
         dead_letter_stream: Stream receiving malformed entries.
+        claim: This model's claim of the group (`group_claim`), checked before each
+            acknowledgement and released at `close`; None: the group is shared.
         max_backoff: Longest wait between reconnection attempts, seconds.
         trim_check_secs: Seconds between checks for trimmed entries (one round trip).
     """
@@ -268,6 +270,7 @@ class RedisSource:
         dead_letter_stream: str | None = None,
         max_backoff: float = 2.0,
         trim_check_secs: float = 5.0,
+        claim: group_claim.GroupClaim | None = None,
     ) -> None:
         # A client of its own on the same connections, whose XREADGROUP and XRANGE
         # replies stay raw lists: redis-py's per-entry dicts cost more than training on
@@ -279,6 +282,7 @@ class RedisSource:
         self.dead_letter_stream = dead_letter_stream or f"{stream}:dead"
         self.max_backoff = max_backoff
         self.trim_check_secs = trim_check_secs
+        self.claim = claim
         self.dead_letters = 0
         self.lost_events = 0
         self.lost_events_exact = True
@@ -315,7 +319,10 @@ class RedisSource:
 
     def acl_rules(self) -> str:
         """The ACL rules that allow a Redis user everything this source sends."""
-        return redis_connection.acl_rules(COMMANDS, (self.stream, self.dead_letter_stream))
+        keys = (self.stream, self.dead_letter_stream)
+        if self.claim is None:
+            return redis_connection.acl_rules(COMMANDS, keys)
+        return redis_connection.acl_rules(COMMANDS + group_claim.COMMANDS, (*keys, self.claim.key))
 
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
         try:
@@ -631,6 +638,8 @@ class RedisSource:
                 done += ids[:cut]
                 self._delivered[0] = (newest, ids[cut:])
         try:
+            if self.claim is not None:
+                self.claim.check()  # another model's group now: acknowledge nothing
             for start in range(0, len(done), 10000):
                 self.client.xack(self.stream, self.group, *done[start : start + 10000])
         except redis.AuthenticationError:
@@ -656,4 +665,6 @@ class RedisSource:
                     self.stream,
                     redis_connection.error_text(error, self.client),
                 )
+        if self.claim is not None:
+            self.claim.release()
         self.client.close()
