@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 from absl import logging
@@ -137,6 +137,29 @@ def describe_holder(found: dict) -> str:
         f"{found.get('program', 'a trainer')} (pid {found.get('pid')} on host "
         f"{found.get('host')}, since {_when(float(found.get('since', 0)))})"
     )
+
+
+def renew_until(
+    stop: threading.Event,
+    seconds: float,
+    renew: Callable[[], bool],
+    what: str,
+    failures: tuple[type[Exception], ...],
+) -> None:
+    """Calls `renew` every `seconds` until `stop` is set or it returns False (taken
+    over); a failure (one of `failures`) is said once, retried, and its end said."""
+    failing = False
+    while not stop.wait(seconds):
+        try:
+            if not renew():
+                return
+            if failing:
+                logging.info("%s is renewed again", what)
+            failing = False
+        except failures as error:
+            if not failing:
+                logging.warning("cannot renew %s (%s); retrying every %.0f s", what, error, seconds)
+            failing = True
 
 
 def expiry(found: dict, expire_seconds: float) -> str:
@@ -266,28 +289,23 @@ class WriterLease:
             os.close(descriptor)  # releases the lock
 
     def _renew_loop(self) -> None:
-        failing = False
-        while not self._stop.wait(self.renew_seconds):
-            try:
-                with self._exclusive():
-                    found = _read_lease(self.path)
-                    if found is not None and found["token"] != self.token:
-                        self._taken_by = found
-                        return
-                    self.record["renewed"] = time.time()
-                    self._write()
-                if failing:
-                    logging.info("the lease %s is renewed again", self.path)
-                failing = False
-            except (tf.errors.OpError, OSError) as error:
-                if not failing:
-                    logging.warning(
-                        "cannot renew the lease %s (%s); retrying every %.0f s",
-                        self.path,
-                        error,
-                        self.renew_seconds,
-                    )
-                failing = True
+        renew_until(
+            self._stop,
+            self.renew_seconds,
+            self._renew,
+            f"the lease {self.path}",
+            (tf.errors.OpError, OSError),
+        )
+
+    def _renew(self) -> bool:
+        with self._exclusive():
+            found = _read_lease(self.path)
+            if found is not None and found["token"] != self.token:
+                self._taken_by = found
+                return False
+            self.record["renewed"] = time.time()
+            self._write()
+        return True
 
     def check(self) -> None:
         """Raises `ModelDirError` if another process has taken the lease over."""

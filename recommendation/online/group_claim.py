@@ -138,7 +138,13 @@ class GroupClaim:
             return True
 
         self._transact(take)
-        self._renewer = threading.Thread(target=self._renew_loop, daemon=True, name="claim")
+        self._renewer = threading.Thread(
+            target=writer_lease.renew_until,
+            args=(self._stop, self.renew_seconds, self._renew, f"the claim {self.key}"),
+            kwargs={"failures": (redis.RedisError,)},
+            daemon=True,
+            name="claim",
+        )
         self._renewer.start()
 
     def _refusal(self, found: dict) -> str:
@@ -153,27 +159,9 @@ class GroupClaim:
             f"({writer_lease.expiry(found, self.expire_seconds)})"
         )
 
-    def _renew_loop(self) -> None:
-        failing = False
-        while not self._stop.wait(self.renew_seconds):
-            try:
-                self._renew()
-                if self._taken_by is not None:
-                    return
-                if failing:
-                    logging.info("the claim %s is renewed again", self.key)
-                failing = False
-            except redis.RedisError as error:
-                if not failing:
-                    logging.warning(
-                        "cannot renew the claim %s (%s); retrying every %.0f s",
-                        self.key,
-                        error,
-                        self.renew_seconds,
-                    )
-                failing = True
+    def _renew(self) -> bool:
+        """Renews the claim; False once another trainer has taken it over."""
 
-    def _renew(self) -> None:
         def still_ours(found: dict | None) -> bool:
             if found is not None and not self._ours(found):
                 self._taken_by = found
@@ -182,6 +170,7 @@ class GroupClaim:
 
         self.record["renewed"] = time.time()
         self._transact(still_ours)
+        return self._taken_by is None
 
     def check(self) -> None:
         """Raises `GroupClaimError` if another trainer has taken the claim over."""
