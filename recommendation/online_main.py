@@ -278,6 +278,7 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
         lost_events=getattr(source, "lost_events", 0),
         lost_events_exact=getattr(source, "lost_events_exact", True),
         rewritten_files=getattr(source, "rewritten_files", None),
+        rotated_files=getattr(source, "rotated_files", None),
         reconnects=getattr(source, "reconnects", 0),
         **run_summary.rates(chosen),
         cluster=run_summary.cluster_counts(rec_model),

@@ -307,6 +307,41 @@ print(json.dumps([read, source.rewritten_files]))
     assert f"was rewritten (now 60 bytes, shorter than the {replaced} read)" in result.stderr
 
 
+def test_an_event_file_rotated_by_rename_on_gcs_is_found_by_its_bytes_and_read_to_its_end(gcs):
+    """A rename on gs:// is a copy: the file read before is found under its new name by
+    its size and the checksum before the offset, and its tail read before the new file."""
+    script = """
+import json, tensorflow as tf
+from recommendation.online import sources
+from recommendation.online.dead_letters import DeadLetterFile
+folder = "gs://bucket/rotated"
+def write(name, users):
+    with tf.io.gfile.GFile(f"{folder}/{name}", "w") as out:
+        out.write("".join(f"{u},{u},{u}\\n" for u in users))
+write("a.csv", range(10, 50))
+source = sources.DirectorySource(folder, DeadLetterFile("gs://bucket/dead2.jsonl"))
+while source.read(100, 0.0) is not None:
+    pass
+write("a.csv", range(10, 60))  # 10 more, not read yet
+tf.io.gfile.rename(f"{folder}/a.csv", f"{folder}/a.csv.1")
+write("a.csv", range(100, 105))
+ids = []
+while (chunk := source.read(4, 0.0)) is not None:
+    ids += chunk.ids
+print(json.dumps([ids, source.rotated_files, source.rewritten_files]))
+"""
+    result = _python(gcs, "-c", script)
+    ids, rotated, rewritten = json.loads(result.stdout.strip().splitlines()[-1])
+    old_line, new_line = len("10,10,10\n"), len("100,100,100\n")
+    assert ids == [f"a.csv:{old_line * k}" for k in range(40, 50)] + [
+        f"a.csv#2:{new_line * k}" for k in range(5)
+    ]
+    assert (rotated, rewritten) == (1, 0)
+    assert "was renamed to a.csv.1 (rotated): reading the rest of it, from byte 360" in (
+        result.stderr
+    )
+
+
 def test_versions_on_gcs_are_those_whose_info_file_is_there(gcs):
     """On gs:// a version folder shows while it is copied into place: a reader must
     ignore one without its ``export_info.json`` (written last); the next export numbers

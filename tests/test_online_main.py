@@ -623,18 +623,25 @@ def _line_ids(path, name: str, start: int = 0, version: int = 1) -> list[str]:
     return ids
 
 
+def _trained_3000(tmp_path, seed: int):
+    """A trainer's first run over 3,000 events of ``events/a.csv``: the folder, the
+    file and the flags that run it again."""
+    events_dir, model_dir = tmp_path / "events", tmp_path / "model"
+    events_dir.mkdir()
+    path = events_dir / "a.csv"
+    _write_lines(path, _csv(_events(3000, seed=seed)))
+    flags = [f"--events_dir={events_dir}", f"--model_dir={model_dir}", "--idle_timeout_secs=2"]
+    first, out = _start(tmp_path, "first", *flags)
+    assert "online: 3,000 events" in _finish(first, out, tmp_path, "first")
+    return events_dir, path, flags
+
+
 @pytest.mark.integration
 def test_an_event_file_rotated_while_the_trainer_was_stopped_is_trained_from_its_start(tmp_path):
     """3,000 events read, the file rotated by copy and truncate and 1,000 written while
     the trainer was stopped: the same command trains the 1,000 (an offset past the
     file's new end skipped them), says so once and counts the file."""
-    events_dir, model_dir = tmp_path / "events", tmp_path / "model"
-    events_dir.mkdir()
-    path = events_dir / "a.csv"
-    _write_lines(path, _csv(_events(3000, seed=10)))
-    flags = [f"--events_dir={events_dir}", f"--model_dir={model_dir}", "--idle_timeout_secs=2"]
-    first, out = _start(tmp_path, "first", *flags)
-    assert "online: 3,000 events" in _finish(first, out, tmp_path, "first")
+    events_dir, path, flags = _trained_3000(tmp_path, seed=10)
     read_to = os.path.getsize(path)
     shutil.copyfile(path, events_dir / "a.csv.1")  # logrotate's copytruncate: a copy aside,
     os.truncate(path, 0)  # the file emptied in place, then the writer's next events
@@ -642,7 +649,8 @@ def test_an_event_file_rotated_while_the_trainer_was_stopped_is_trained_from_its
     audit = tmp_path / "second.txt"
     second, out = _start(tmp_path, "second", *flags, f"--trained_events_log={audit}")
     text = _finish(second, out, tmp_path, "second")
-    assert "online: 1,000 events" in text and ", rewritten files 1, reconnects 0" in text
+    assert "online: 1,000 events" in text
+    assert ", rewritten files 1, rotated files 0, reconnects 0" in text
     assert sorted(_lines(audit)) == sorted(_line_ids(path, "a.csv", version=2))
     errors = open(tmp_path / "second.err").read()
     assert errors.count("was rewritten") == 1
@@ -651,6 +659,26 @@ def test_an_event_file_rotated_while_the_trainer_was_stopped_is_trained_from_its
         f"shorter than the {read_to:,} read): reading it again from its start, as version 2 "
         "of it (1 rewritten files in all)"
     ) in errors
+
+
+@pytest.mark.integration
+def test_an_event_file_rotated_by_rename_while_stopped_has_its_tail_trained_once(tmp_path):
+    """3,000 events read; while the trainer was stopped, 500 appended, the file renamed
+    (logrotate's `create`) and 1,000 written to a new one: the same command trains the
+    500 under the old name, then the 1,000, each once, and counts the rotation."""
+    events_dir, path, flags = _trained_3000(tmp_path, seed=16)
+    read_to = os.path.getsize(path)
+    with open(path, "a") as tail:
+        tail.writelines(f"{line}\n" for line in _csv(_events(500, seed=17)))
+    os.rename(path, events_dir / "a.csv.1")
+    _write_lines(path, _csv(_events(1000, seed=18)))
+    audit = tmp_path / "second.txt"
+    second, out = _start(tmp_path, "second", *flags, f"--trained_events_log={audit}")
+    text = _finish(second, out, tmp_path, "second")
+    assert "online: 1,500 events" in text and ", rotated files 1, " in text
+    tail = _line_ids(events_dir / "a.csv.1", "a.csv", start=read_to)
+    assert _lines(audit) == tail + _line_ids(path, "a.csv", version=2)
+    assert "was renamed to a.csv.1 (rotated)" in open(tmp_path / "second.err").read()
 
 
 def _damage_the_newest_delta(model_dir) -> str:

@@ -223,6 +223,7 @@ def test_directory_source_tails_files_and_resumes_from_offsets(tmp_path):
         "files": {name: _fingerprint(folder / name) for name in ("a.csv", "b.jsonl")},
         "dead_letters": 1,
         "rewritten_files": 0,
+        "rotated_files": 0,
     }
     restarted = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "d2")))
     restarted.restore(position)
@@ -454,10 +455,20 @@ def _file_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("events file")]
 
 
-def _rewritten(folder, name: str, change: str, version: int, count: int) -> str:
-    return (
+def _rewritten(
+    folder, name: str, change: str, version: int, count: int, read_to: int | None = None
+) -> str:
+    """The warning of a rewritten file; `read_to`: the offset of a replaced one (another
+    inode), read to its end, which is nowhere in the folder."""
+    text = (
         f"events file {name} in {folder} was rewritten ({change}): reading it again from "
         f"its start, as version {version} of it ({count} rewritten files in all)"
+    )
+    if read_to is None:
+        return text
+    return (
+        f"{text}; the file read before is nowhere in the folder: its 0 bytes after byte "
+        f"{read_to:,} when last read, and any written since, are unread"
     )
 
 
@@ -493,7 +504,8 @@ def test_a_file_rewritten_while_the_trainer_was_stopped_is_read_again_from_its_s
     assert chunk.users.tolist() == list(new_users)
     assert chunk.ids[0] == "a.csv#2:8"  # the rewritten file's ids are its own
     change = change.format(old=old_inode, new=os.stat(path).st_ino)
-    assert _file_warnings(caplog) == [_rewritten(folder, "a.csv", change, 2, 1)]
+    replaced = 368 if change.startswith("another file") else None
+    assert _file_warnings(caplog) == [_rewritten(folder, "a.csv", change, 2, 1, replaced)]
     assert restarted.rewritten_files == 1 == chunk.position["rewritten_files"]
     assert chunk.position["offsets"] == {"a.csv": os.path.getsize(path)}
     assert chunk.position["files"] == {"a.csv": _fingerprint(path, version=2)}
@@ -550,7 +562,12 @@ def test_a_file_rewritten_under_a_running_trainer_is_read_again_from_its_start(t
     assert _file_warnings(caplog) == [
         _rewritten(folder, "a.csv", f"now 60 bytes, shorter than the {read_to} read", 2, 1),
         _rewritten(
-            folder, "a.csv", f"another file: inode {inode}, now {os.stat(path).st_ino}", 3, 2
+            folder,
+            "a.csv",
+            f"another file: inode {inode}, now {os.stat(path).st_ino}",
+            3,
+            2,
+            read_to_2,
         ),
         _rewritten(folder, "a.csv", f"its bytes before byte {read_to_3} changed", 4, 3),
     ]
@@ -1204,3 +1221,94 @@ def test_redis_a_group_that_does_not_exist_starts_at_the_restored_position(redis
     source = redis_source.RedisSource(redis_server.client(), "events")
     source.restore({"id": ids[2].decode(), "dead_letters": 0, "lost_events": 0})
     assert [user for user, _ in _read_all(source)[0]] == [3, 4, 5]
+
+
+def _rename_rotate(path, renamed: str, new: str) -> None:
+    """logrotate's default (``create``): the file renamed, then a new one of its name."""
+    os.rename(path, path.parent / renamed)
+    _append(path, new)
+
+
+def _ids(path, name: str, start: int = 0) -> list[str]:
+    """The source ids of file `path`'s lines from byte `start` on, as `name`'s."""
+    offsets = np.cumsum([0] + [len(line) for line in open(path, "rb")])[:-1]
+    return [f"{name}:{offset}" for offset in offsets.tolist() if offset >= start]
+
+
+def _renamed_warning(folder, name: str, renamed: str, offset: int) -> str:
+    return (
+        f"events file {name} in {folder} was renamed to {renamed} (rotated): reading the rest "
+        f"of it, from byte {offset:,}, before the new file named {name}"
+    )
+
+
+def _read_then_rename(tmp_path, read: range, tail: range, renamed: str, new: range):
+    """`read` events read from ``a.csv``, then `tail` appended, the file renamed to
+    `renamed` and `new` written to a new ``a.csv``: the folder, the new file's path, the
+    source that read and its position."""
+    folder = tmp_path / "events"
+    folder.mkdir()
+    path = folder / "a.csv"
+    _append(path, _csv_lines(read))
+    source = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "dead")))
+    _, position = _read_all(source, chunk=100)
+    _append(path, _csv_lines(tail))
+    _rename_rotate(path, renamed, _csv_lines(new))
+    return folder, path, source, position
+
+
+@pytest.mark.parametrize("renamed", ["a.csv.1", "a-1.csv"])  # the second an event file too
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_file_rotated_by_rename_is_read_to_its_end_before_the_new_one(
+    tmp_path, caplog, renamed, stopped
+):
+    """30 events read, 10 more appended, the file renamed and 5 written to a new one of
+    its name: the 10 are read (once, under the old name's ids), then the 5; one line
+    names both files. A renamed file that is an event file is not read from its start
+    (`a-1.csv` sorts before `a.csv`)."""
+    caplog.clear()
+    folder, path, source, position = _read_then_rename(
+        tmp_path, range(30), range(30, 40), renamed, range(100, 105)
+    )
+    read_to = position["offsets"]["a.csv"]
+    if stopped:
+        source = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "dead")))
+        source.restore(position)
+    ids, users = [], []
+    while (chunk := source.read(4, 0.05)) is not None:  # the tail takes 3 reads
+        ids, users, position = ids + chunk.ids, users + chunk.users.tolist(), chunk.position
+    assert users == [*range(30, 40), *range(100, 105)]
+    tail = _ids(folder / renamed, "a.csv", start=read_to)
+    assert ids == tail + _ids(path, "a.csv#2")
+    assert _file_warnings(caplog) == [_renamed_warning(folder, "a.csv", renamed, read_to)]
+    assert (source.rotated_files, source.rewritten_files) == (1, 0)
+    assert position["rotated_files"] == 1 and "renamed" not in position["files"]["a.csv"]
+    _append(path, _csv_lines([106]))
+    assert _read_all(source)[0] == [(106, 106)]  # tailed on; nothing read again
+    if renamed.endswith(".csv"):
+        assert source.offsets[renamed] == os.path.getsize(folder / renamed)
+
+
+def test_a_restart_in_the_middle_of_a_renamed_files_tail_goes_on_under_its_new_name(
+    tmp_path, caplog
+):
+    """Stopped after part of a renamed file's tail, and renamed once more meanwhile
+    (``a.csv.1`` -> ``a.csv.2``): the rest of the tail, then the new file, each once."""
+    folder, path, source, position = _read_then_rename(
+        tmp_path, range(10), range(10, 20), "a.csv.1", range(100, 103)
+    )
+    read_to = position["offsets"]["a.csv"]
+    chunk = source.read(4, 0.05)
+    assert chunk.users.tolist() == [10, 11, 12, 13]
+    assert chunk.position["files"]["a.csv"]["renamed"] == "a.csv.1"
+    os.rename(folder / "a.csv.1", folder / "a.csv.2")
+    restarted = sources.DirectorySource(str(folder), DeadLetterFile(str(tmp_path / "dead")))
+    restarted.restore(chunk.position)
+    ids, users = [], []
+    while (more := restarted.read(100, 0.05)) is not None:
+        ids, users = ids + more.ids, users + more.users.tolist()
+    assert users == [*range(14, 20), *range(100, 103)]
+    assert ids == _ids(folder / "a.csv.2", "a.csv", start=read_to)[4:] + _ids(path, "a.csv#2")
+    assert restarted.rotated_files == 1
+    went_on_from = chunk.position["offsets"]["a.csv"]
+    assert _file_warnings(caplog)[-1] == _renamed_warning(folder, "a.csv", "a.csv.2", went_on_from)

@@ -102,9 +102,12 @@ def _lost_events(summary: dict) -> str:
 
 
 def _rewritten_files(summary: dict) -> str:
-    """Event files read again from their start, for a source of files."""
+    """Event files read again from their start, and rotated by rename (read to their
+    end under their new name), for a source of files."""
     count = summary["rewritten_files"]
-    return "" if count is None else f"rewritten files {count}, "
+    if count is None:
+        return ""
+    return f"rewritten files {count}, rotated files {summary.get('rotated_files', 0)}, "
 
 
 def _shards(summary: dict) -> str:

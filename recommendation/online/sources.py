@@ -12,7 +12,8 @@ that buys:
   resumes exactly after the last checkpointed event. The position also recognises each
   file (its size, a checksum of the bytes before its offset, its inode): a file
   rewritten meanwhile (rotated by copy and truncate, replaced, shortened) is read again
-  from its start instead of being skipped to an offset that no longer means anything.
+  from its start instead of being skipped to an offset that no longer means anything,
+  and a file rotated by rename is read to its end under its new name first.
 - `RedisSource` (in `redis_source`): a Redis stream read through a consumer group
   (``XREADGROUP``). Entries are acknowledged (``XACK``) only by `commit`, so whatever
   was delivered but not in a durable checkpoint stays pending and is delivered again
@@ -154,6 +155,16 @@ class DirectorySource:
     no longer in the folder is named once (``"gone"`` in its fingerprint); if it comes
     back, the same checks decide where it is read from.
 
+    Rotation by rename (logrotate's default, ``create``): a file of the position found
+    in the folder under another name (any name; by its inode, or on gs://, where a
+    rename is a copy, by its size and the checksum before its offset), its own name
+    gone or now another file's, is read from its offset to its end under the new name
+    (``"renamed"`` in its fingerprint, so a restart goes on with it) before the new file
+    of its name, which is then version + 1; one line names both, and `rotated_files`
+    counts it. A renamed file that is itself an event file is then known as read to
+    its end. Where the file read before is nowhere in the folder, the warning says how
+    many bytes after its offset it held when last read (more may have been written).
+
     Args:
         directory: The folder (local or any tf.io.gfile path).
         dead_letter: Where malformed lines go.
@@ -172,6 +183,7 @@ class DirectorySource:
         self.files: dict[str, dict] = {}
         self.dead_letters = 0
         self.rewritten_files = 0
+        self.rotated_files = 0
         self.exhausted = False  # a folder can always grow
         # file -> (offset of a long line, bytes of it scanned without finding its end)
         self._long_line_scan: dict[str, tuple[int, int]] = {}
@@ -184,6 +196,7 @@ class DirectorySource:
             self.offsets, self.dead_letters = dict(position["offsets"]), position["dead_letters"]
             self.files = dict(position.get("files", {}))
             self.rewritten_files = position.get("rewritten_files", 0)
+            self.rotated_files = position.get("rotated_files", 0)
         else:
             self.offsets, self.dead_letters = dict(position), 0
 
@@ -204,8 +217,9 @@ class DirectorySource:
         while True:
             parts, ids = [], []  # (n, 3) arrays of events, and their ids
             names = self._files()
+            self._note_renamed(names)
             self._note_gone(names)
-            for name in names:
+            for name in self._in_order(names):
                 # A later file only once this one has no complete line left unread:
                 # events go in file order.
                 if len(ids) >= max_events or not self._read_file(
@@ -218,6 +232,7 @@ class DirectorySource:
                     "files": dict(self.files),
                     "dead_letters": self.dead_letters,
                     "rewritten_files": self.rewritten_files,
+                    "rotated_files": self.rotated_files,
                 }
                 events = np.concatenate(parts)
                 return EventChunk(events[:, 0], events[:, 1], events[:, 2], ids, position)
@@ -225,11 +240,101 @@ class DirectorySource:
                 return None
             time.sleep(min(0.05, timeout))
 
+    def _renamed_to(self) -> dict[str, str]:
+        """The files being read under a new name: new name -> the name read before."""
+        return {seen["renamed"]: name for name, seen in self.files.items() if "renamed" in seen}
+
+    def _in_order(self, names: list[str]) -> list[str]:
+        """The files to read, in name order: the listed ones and those being read under
+        a new name (by their old one, in its place)."""
+        renamed = self._renamed_to()
+        return sorted({name for name in names if name not in renamed} | set(renamed.values()))
+
+    def _note_renamed(self, names: list[str]) -> None:
+        """Finds each file of the position whose name is gone or now names another file
+        (another inode) under its new name (`_find_renamed`), before any file is read:
+        so that a new name that is an event file is not read from its start."""
+        listed, renamed = set(names), self._renamed_to()
+        for name, offset in self.offsets.items():
+            seen = self.files.get(name, {})
+            if "renamed" in seen or ("inode" not in seen and name in listed):
+                continue  # without an inode, only the bytes before the offset tell
+            if name in listed:
+                try:
+                    _, inode = _size_and_inode(os.path.join(self.directory, name))
+                except (tf.errors.NotFoundError, FileNotFoundError):
+                    continue
+                if inode == seen["inode"]:
+                    continue
+            elif seen.get("gone"):
+                continue
+            other = self._find_renamed(name, offset, seen, set(renamed))
+            if other is not None:
+                self._start_renamed(name, other)
+                renamed[other] = name
+
+    def _find_renamed(self, name: str, offset: int, seen: dict, taken: set) -> str | None:
+        """The entry of the folder (any name but `name` and those in `taken`) that is
+        the file `name` was when read to `offset`: its inode, or where there is none
+        (gs://, where a rename is a copy), its size and the bytes before the offset."""
+        if "inode" not in seen and "crc32" not in seen:
+            return None
+        for other in sorted(tf.io.gfile.listdir(self.directory)):
+            path = os.path.join(self.directory, other)
+            if other == name or other in taken or other.endswith("/"):
+                continue
+            try:
+                length, inode = _size_and_inode(path)
+            except (tf.errors.NotFoundError, FileNotFoundError):
+                continue
+            if "inode" in seen:
+                if inode == seen["inode"]:
+                    return other
+            elif (
+                length >= max(offset, seen.get("size", 0))
+                and offset
+                and (_crc_before(path, offset) == seen["crc32"])
+            ):
+                return other
+        return None
+
+    def _start_renamed(self, name: str, other: str) -> None:
+        """Reads file `name` on under its new name `other` (the position keeps it)."""
+        self.files[name] = {**self.files.get(name, {}), "renamed": other}
+        self.files[name].pop("gone", None)
+        logging.warning(
+            "events file %s in %s was renamed to %s (rotated): reading the rest of it, from "
+            "byte %s, before the new file named %s",
+            name,
+            self.directory,
+            other,
+            f"{self.offsets.get(name, 0):,}",
+            name,
+        )
+
+    def _finish_renamed(self, name: str, length: int, inode: int | None) -> None:
+        """File `name`, read under its new name to its end, is done: its name now means
+        the new file (version + 1)."""
+        other, offset = self.files[name]["renamed"], self.offsets[name]
+        self.rotated_files += 1
+        version = self.files[name].get("version", 1) + 1
+        if other.endswith(EVENT_FILE_SUFFIXES):  # an event file read to its end already
+            crc = _crc_before(os.path.join(self.directory, other), offset)
+            self.offsets[other] = offset
+            self.files[other] = {"size": length, "crc32": crc, "version": 1}
+            if inode is not None:
+                self.files[other]["inode"] = inode
+        self.offsets[name], self.files[name] = 0, {"version": version}
+        if not tf.io.gfile.exists(os.path.join(self.directory, name)):
+            self.files[name]["gone"] = True  # its new file is yet to come: nothing to say
+
     def _note_gone(self, names: list[str]) -> None:
         """Names once each file of the position that is no longer in the folder."""
         listed = set(names)
         for name, offset in self.offsets.items():
             seen = self.files.get(name, {})
+            if "renamed" in seen:
+                continue
             if name in listed and seen.get("gone"):
                 self.files[name] = {key: value for key, value in seen.items() if key != "gone"}
             elif name not in listed and not seen.get("gone"):
@@ -245,21 +350,28 @@ class DirectorySource:
     def _read_file(self, name: str, limit: int, parts: list, ids: list) -> bool:
         """Reads up to `limit` events of file `name` into `parts` (and their ids);
         returns whether every complete line written to it so far is read."""
-        path = os.path.join(self.directory, name)
+        offset, seen = self.offsets.get(name, 0), self.files.get(name, {})
+        path = os.path.join(self.directory, seen.get("renamed", name))
         try:
             length, inode = _size_and_inode(path)
         except (tf.errors.NotFoundError, FileNotFoundError):
-            return True  # removed since listed
-        offset, seen = self.offsets.get(name, 0), self.files.get(name, {})
+            if "renamed" not in seen:
+                return True  # removed since listed
+            length, inode = None, None  # renamed once more, or removed
         change = None
-        if offset > length:
+        if length is None:
+            change = f"its new name {seen['renamed']} is gone"
+        elif offset > length:
             change = f"now {length:,} bytes, shorter than the {offset:,} read"
         elif inode is not None and seen.get("inode", inode) != inode:
             change = f"another file: inode {seen['inode']}, now {inode}"
         if change:
-            self._read_again(name, change)
+            self._renamed_or_rewritten(name, offset, seen, change)
             return self._read_file(name, limit, parts, ids)
         if length == offset and length >= seen.get("size", 0):
+            if "renamed" in seen:  # read to its end under its new name
+                self._finish_renamed(name, length, inode)
+                return self._read_file(name, limit, parts, ids)
             return True  # nothing new, and not shortened
         start = max(0, offset - FINGERPRINT_BYTES)
         with tf.io.gfile.GFile(path, "rb") as stream:
@@ -267,18 +379,23 @@ class DirectorySource:
             data = stream.read(offset - start + self.read_bytes)
             before, block = data[: offset - start], data[offset - start :]
             if "crc32" in seen and zlib.crc32(before) != seen["crc32"]:
-                self._read_again(name, f"its bytes before byte {offset:,} changed")
+                change = f"its bytes before byte {offset:,} changed"
+                self._renamed_or_rewritten(name, offset, seen, change)
                 return self._read_file(name, limit, parts, ids)
             end = block.rfind(b"\n") + 1  # complete lines only
             if not end and len(block) == self.read_bytes:
                 self._skip_long_line(name, offset, block, stream, length, inode)
                 # (a long line not written to its end yet is no complete line)
                 return name in self._long_line_scan or self.offsets[name] >= length
-        first = offset
+        first, count = offset, len(ids)
         offset = self._take_lines(name, offset, block[:end], limit, parts, ids)
-        self._remember(name, offset, (before + block[: offset - first]), length, inode)
+        self._remember(name, offset, before + block[: offset - first], length, inode)
         # Read to the block's last complete line, and the block reached the file's end.
-        return offset == first + end and first + len(block) >= length
+        done = offset == first + end and first + len(block) >= length
+        if done and "renamed" in seen:
+            self._finish_renamed(name, length, inode)
+            return self._read_file(name, limit - (len(ids) - count), parts, ids)
+        return done
 
     def _take_lines(
         self, name: str, offset: int, lines: bytes, limit: int, parts: list, ids: list
@@ -339,20 +456,39 @@ class DirectorySource:
         version = self.files.get(name, {}).get("version", 1)
         return name if version == 1 else f"{name}#{version}"
 
-    def _read_again(self, name: str, change: str) -> None:
-        """Starts file `name` over from its start: it was rewritten (`change` says how)."""
+    def _renamed_or_rewritten(self, name: str, offset: int, seen: dict, change: str) -> None:
+        """File `name`, read to `offset` (`seen`: its fingerprint), is not what its name
+        holds now (`change` says how): read on under its new name if it has one in the
+        folder (renamed, once more if it was already), or else from its new start."""
+        other = self._find_renamed(name, offset, seen, set(self._renamed_to()))
+        if other is not None:
+            self._start_renamed(name, other)
+        else:
+            self._read_again(name, change, seen)
+
+    def _read_again(self, name: str, change: str, seen: dict) -> None:
+        """Starts file `name` over from its start: it was rewritten (`change` says how);
+        `seen`: its fingerprint before."""
         self.rewritten_files += 1
-        version = self.files.get(name, {}).get("version", 1) + 1
+        offset, version = self.offsets.get(name, 0), seen.get("version", 1) + 1
         self.offsets[name], self.files[name] = 0, {"version": version}
         self._long_line_scan.pop(name, None)
+        lost = ""
+        if change.startswith("another file") or "renamed" in seen:
+            unread = max(0, seen.get("size", offset) - offset)
+            lost = (
+                f"; the file read before is nowhere in the folder: its {unread:,} bytes "
+                f"after byte {offset:,} when last read, and any written since, are unread"
+            )
         logging.warning(
             "events file %s in %s was rewritten (%s): reading it again from its start, as "
-            "version %d of it (%d rewritten files in all)",
+            "version %d of it (%d rewritten files in all)%s",
             name,
             self.directory,
             change,
             version,
             self.rewritten_files,
+            lost,
         )
 
     def _remember(
@@ -366,6 +502,8 @@ class DirectorySource:
         }
         if inode is not None:
             fingerprint["inode"] = inode
+        if "renamed" in self.files.get(name, {}):  # read on under its new name
+            fingerprint["renamed"] = self.files[name]["renamed"]
         self.offsets[name], self.files[name] = offset, fingerprint
 
     def _skip_long_line(
@@ -399,6 +537,14 @@ class DirectorySource:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _crc_before(path: str, offset: int) -> int:
+    """The checksum of file `path`'s `FINGERPRINT_BYTES` before byte `offset`."""
+    start = max(0, offset - FINGERPRINT_BYTES)
+    with tf.io.gfile.GFile(path, "rb") as stream:
+        stream.seek(start)
+        return zlib.crc32(stream.read(offset - start))
 
 
 def _size_and_inode(path: str) -> tuple[int, int | None]:
