@@ -139,3 +139,71 @@ def test_id_counts_count_each_ids_events_before_it_up_to_the_cap():
             seen[key] += 1
         assert got == expected
     assert counts.size == len(seen)
+
+
+def test_past_its_bounds_the_protocol_holds_the_same_memory_and_counts_no_user_short():
+    """10^7 distinct users (a stream of weeks) through a protocol bounded at 2^16 users
+    exactly, 1,000 items and 16 windows: its memory once full is its memory at the end;
+    a user past the table is counted in the sketch, never below its events."""
+    protocol = Prequential(
+        every=64,
+        negatives=9,
+        window_events=10_000,
+        max_users=1 << 16,
+        max_items=1000,
+        max_windows=16,
+    )
+    chunk, sizes = 4096, {}
+    window_bytes = 8 * (2 * 11 + 2 * 10 + 2 * 10)  # its rank, AUC and valid tallies
+    for start in range(0, 10_000_000, chunk):
+        users = np.arange(start, start + chunk)
+        plan = protocol.plan(users, users % 5000, users)
+        protocol.record(plan, np.zeros((plan.size, 10)))
+        if start + chunk in (1_003_520, 9_998_336):
+            windows = len(protocol.results()["windows"])
+            sizes[start + chunk] = protocol.nbytes - windows * window_bytes
+    assert sizes[1_003_520] == sizes[9_998_336]  # the tables, once full
+    results = protocol.results()
+    assert len(results["windows"]) <= 16 and results["events"] == 10_002_432
+    assert results["cohort_error"] < 1e-3
+    # Every user came once: cold, unless the sketch's counters (shared) say otherwise.
+    assert results["cold"]["scored"] >= (1 - 1e-3) * results["all"]["scored"]
+    assert protocol._seen_items.shape == (1000,)
+
+
+def test_id_counts_past_max_ids_count_in_a_sketch_that_never_undercounts():
+    counts = IdCounts(cap=5, buckets=8, max_ids=20, sketch_counters=1 << 16)
+    seen = collections.Counter()
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        ids = rng.integers(0, 300, 40)
+        got = counts.count_and_add(ids).tolist()
+        expected = []
+        for key in ids.tolist():
+            expected.append(min(seen[key], 5))
+            seen[key] += 1
+        held = [i for i, key in enumerate(ids.tolist()) if counts._find(np.array([key]))[0] >= 0]
+        assert all(got[i] == expected[i] for i in held)  # exact where held
+        assert all(g >= e for g, e in zip(got, expected, strict=True))  # never fewer
+        # 300 ids in 65,536 counters: the sketch has no collision here, so exact too.
+        assert got == expected
+    assert counts.size == 20
+
+
+def test_coarser_windows_are_those_of_the_doubled_size_from_the_start():
+    rng = np.random.default_rng(3)
+    users, items = rng.integers(0, 100, 20_000), rng.integers(0, 50, 20_000)
+
+    def windows(window_events: int, max_windows: int) -> list[dict]:
+        protocol = Prequential(
+            every=2, negatives=5, window_events=window_events, max_windows=max_windows
+        )
+        for start in range(0, 20_000, 777):
+            part = slice(start, start + 777)
+            plan = protocol.plan(users[part], items[part], np.arange(20_000)[part])
+            protocol.record(plan, np.cos(plan.candidates * 0.3 + plan.users[:, None]))
+        return protocol.results()["windows"]
+
+    # 20 windows of 1,000 doubled twice, to 5 of 4,000.
+    assert windows(1000, max_windows=8) == windows(4000, max_windows=8)
+    assert len(windows(1000, max_windows=8)) == 5

@@ -23,9 +23,14 @@ trainer happens to reach first:
 A system calls `plan` with each chunk of the stream in order (before training on it),
 scores the plan's users and candidate items with its model as it is, and hands the
 scores to `record`. Plain numpy, no TensorFlow: the peer harnesses in their own
-environments use this module as it is. The protocol's memory (the distinct items
-seen, and each user's event count up to `cold_events`, about 18 bytes a user) is the
-same in every system's process.
+environments use this module as it is. The protocol's memory is the same in every
+system's process, and bounded whatever the number of ids a stream ever brings (a
+trainer runs for weeks): each user's event count up to `cold_events` is exact for the
+first `MAX_USERS` users (about 20 bytes a user), then kept in a count-min sketch of
+fixed size, where a new user reads as warm with the probability
+``results()["cohort_error"]`` estimates; the negatives are drawn from the first
+`MAX_ITEMS` distinct items; the curve keeps at most `MAX_WINDOWS` windows, doubling
+their size (merging neighbours) when it would hold more.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ import numpy as np
 
 COLD_EVENTS = 5
 SEED = 0  # the protocol's own: every system scores the same events
+# The bounds on its memory (module docstring): about 100 MB of users, 50 MB of items.
+MAX_USERS = 1 << 22
+MAX_ITEMS = 1 << 21
+MAX_WINDOWS = 1024
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -60,14 +69,31 @@ def event_keys(users, items, times, seed: int = SEED) -> np.ndarray:
 class IdCounts:
     """How many events each id has had, up to `cap`, in a numpy open-addressing table
     (linear probing, doubled at half full): a few bytes an id, where a dict of Python
-    ints takes about a hundred."""
+    ints takes about a hundred.
 
-    def __init__(self, cap: int, buckets: int = 1024) -> None:
-        self.cap = cap
+    With `max_ids`, the table holds at most that many ids, exactly; the ids that come
+    after it is full are counted in a count-min sketch of `sketch_counters` one-byte
+    counters (3 hashes, conservative update), whose memory is fixed: an id there may
+    read as having more events than it had (never fewer), with a probability that
+    `overcount_rate` estimates. So memory stays bounded whatever the number of ids a
+    stream ever brings."""
+
+    SKETCH_HASHES = 3
+
+    def __init__(
+        self,
+        cap: int,
+        buckets: int = 1024,
+        max_ids: int | None = None,
+        sketch_counters: int = 1 << 24,
+    ) -> None:
+        self.cap, self.max_ids = cap, max_ids
         self.keys = np.zeros(buckets, np.int64)
         self.used = np.zeros(buckets, bool)
         self.counts = np.zeros(buckets, np.uint8)
         self.size = 0
+        self.sketch_counters = sketch_counters
+        self.sketch: np.ndarray | None = None  # allocated when the table is full
 
     def _find_or_add(self, keys: np.ndarray) -> np.ndarray:
         """The bucket of each of `keys` (distinct), added where absent: a new key
@@ -90,20 +116,71 @@ class IdCounts:
             slots[pending] = (slots[pending] + 1) & mask
         return slots
 
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """The bucket of each of `keys`, or -1 where it is not in the table."""
+        mask = len(self.keys) - 1
+        with np.errstate(over="ignore"):
+            slots = (_mix(keys.astype(np.uint64)) & np.uint64(mask)).astype(np.int64)
+        found = np.full(len(keys), -1, np.int64)
+        pending = np.arange(len(keys))
+        while len(pending):
+            at = slots[pending]
+            hit = self.used[at] & (self.keys[at] == keys[pending])
+            found[pending[hit]] = at[hit]
+            pending = pending[~hit & self.used[at]]
+            slots[pending] = (slots[pending] + 1) & mask
+        return found
+
     def count_and_add(self, ids: np.ndarray) -> np.ndarray:
         """How many events each of `ids` (in stream order) had before it, capped; then
         counts these too."""
         unique, inverse, repeats = np.unique(ids, return_inverse=True, return_counts=True)
-        if 2 * (self.size + len(unique)) > len(self.keys):
-            self._grow(2 * (self.size + len(unique)))
-        slots = self._find_or_add(unique)
-        before = self.counts[slots].astype(np.int64)
+        exact = np.ones(len(unique), bool)
+        if self.max_ids is not None:
+            # Ids already held, and new ones (in id order) while there is room.
+            new = self._find(unique) < 0
+            exact = ~new | (np.cumsum(new) <= self.max_ids - self.size)
+        held = unique[exact]
+        if 2 * (self.size + len(held)) > len(self.keys):
+            self._grow(2 * (self.size + len(held)))
+        slots = self._find_or_add(held)
+        before = np.empty(len(unique), np.int64)
+        before[exact] = self.counts[slots]
+        if not exact.all():
+            sketched = self._sketch_slots(unique[~exact])
+            before[~exact] = self.sketch[sketched].min(axis=0)
+            after = np.minimum(before[~exact] + repeats[~exact], self.cap).astype(np.uint8)
+            for row in sketched:  # conservative update: no counter above the new count
+                np.maximum.at(self.sketch, row, after)
         # An id's k-th event in this chunk comes after the k - 1 before it here.
         order = np.argsort(inverse, kind="stable")
         rank = np.empty(len(ids), np.int64)
         rank[order] = np.arange(len(ids)) - np.repeat(np.cumsum(repeats) - repeats, repeats)
-        self.counts[slots] = np.minimum(before + repeats, self.cap)
+        self.counts[slots] = np.minimum(before[exact] + repeats[exact], self.cap)
         return np.minimum(before[inverse] + rank, self.cap)
+
+    def _sketch_slots(self, keys: np.ndarray) -> np.ndarray:
+        """The sketch counters of each of `keys`: (hashes, len(keys))."""
+        if self.sketch is None:
+            self.sketch = np.zeros(self.sketch_counters, np.uint8)
+        seeds = np.arange(1, self.SKETCH_HASHES + 1, dtype=np.uint64) * _GOLDEN
+        with np.errstate(over="ignore"):
+            hashed = _mix(keys.astype(np.uint64)[None, :] ^ seeds[:, None])
+        return (hashed % np.uint64(self.sketch_counters)).astype(np.int64)
+
+    def overcount_rate(self) -> float:
+        """The estimated share of new ids counted in the sketch that read as already
+        at `cap` (the chance that each of its counters is): 0 while the table holds
+        every id."""
+        if self.sketch is None:
+            return 0.0
+        return float(np.mean(self.sketch >= self.cap)) ** self.SKETCH_HASHES
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its arrays hold."""
+        arrays = (self.keys, self.used, self.counts, self.sketch)
+        return sum(array.nbytes for array in arrays if array is not None)
 
     def _grow(self, wanted: int) -> None:
         buckets = len(self.keys)
@@ -146,8 +223,11 @@ class Prequential:
         negatives: Items each scored event is ranked against.
         top_k: The cut-off of HR and NDCG.
         cold_events: A user's first events that count as cold.
-        window_events: Events per window of the curve.
+        window_events: Events per window of the curve (doubled while it would have
+            more than `max_windows` windows).
         seed: The hash's seed (keep the default to compare systems).
+        max_users, max_items, max_windows: The bounds on its memory (module
+            docstring; keep the defaults to compare systems).
     """
 
     def __init__(
@@ -158,6 +238,9 @@ class Prequential:
         cold_events: int = COLD_EVENTS,
         window_events: int = 100_000,
         seed: int = SEED,
+        max_users: int = MAX_USERS,
+        max_items: int = MAX_ITEMS,
+        max_windows: int = MAX_WINDOWS,
     ) -> None:
         if every < 0 or negatives <= 0 or top_k <= 0 or window_events <= 0:
             raise ValueError(
@@ -167,10 +250,11 @@ class Prequential:
         self.every, self.negatives, self.top_k = every, negatives, top_k
         self.cold_events, self.window_events, self.seed = cold_events, window_events, seed
         self.events = 0  # seen so far
-        self._seen_items = np.zeros(1024, np.int64)  # in first-seen order
+        self._seen_items = np.zeros(min(1024, max_items), np.int64)  # in first-seen order
         self._num_seen = 0
-        self._item_set = IdCounts(1)  # membership only
-        self._user_counts = IdCounts(cold_events)
+        self.max_items, self.max_windows = max_items, max_windows
+        self._item_set = IdCounts(1, max_ids=max_items, sketch_counters=1 << 20)  # membership
+        self._user_counts = IdCounts(cold_events, max_ids=max_users)
         # Integer tallies (so that any chunking sums them alike), by cohort (cold, warm)
         # and by window: the scored events' ranks among their valid negatives (below
         # `top_k`; `top_k`: not a hit), and by their number of valid negatives, twice
@@ -192,7 +276,8 @@ class Prequential:
         unique, first = np.unique(items, return_index=True)
         new_first = np.zeros(count, bool)
         new_first[first[~known[first]]] = True
-        seen_before = self._num_seen + np.cumsum(new_first) - new_first
+        # (the first `max_items` of them: the pool of negatives keeps no more)
+        seen_before = np.minimum(self._num_seen + np.cumsum(new_first) - new_first, self.max_items)
         cold = self._user_counts.count_and_add(users) < self.cold_events
         chosen = np.zeros(count, bool)
         if self.every:
@@ -221,9 +306,10 @@ class Prequential:
         )
 
     def _note_items(self, new: np.ndarray) -> None:
+        new = new[: self.max_items - self._num_seen]
         end = self._num_seen + len(new)
         if end > len(self._seen_items):
-            grown = np.zeros(max(2 * len(self._seen_items), end), np.int64)
+            grown = np.zeros(min(max(2 * len(self._seen_items), end), self.max_items), np.int64)
             grown[: self._num_seen] = self._seen_items[: self._num_seen]
             self._seen_items = grown
         self._seen_items[self._num_seen : end] = new
@@ -248,6 +334,29 @@ class Prequential:
             np.add.at(ranks, (cohort[rows], rank[rows]), 1)
             np.add.at(auc, (cohort[rows], valid[rows]), 2 * below[rows] + ties[rows])
             np.add.at(by_valid, (cohort[rows], valid[rows]), 1)
+        while len(self._windows) > self.max_windows:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        """Doubles the windows' size: each pair of neighbours becomes one (the same
+        tallies as windows of that size from the start)."""
+        self.window_events *= 2
+        merged: dict[int, tuple[np.ndarray, ...]] = {}
+        for window, tallies in sorted(self._windows.items()):
+            if window // 2 in merged:
+                merged[window // 2] = tuple(
+                    a + b for a, b in zip(merged[window // 2], tallies, strict=True)
+                )
+            else:
+                merged[window // 2] = tallies
+        self._windows = merged
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its arrays hold (bounded: module docstring)."""
+        windows = sum(array.nbytes for tallies in self._windows.values() for array in tallies)
+        counts = self._item_set.nbytes + self._user_counts.nbytes
+        return self._seen_items.nbytes + counts + windows
 
     def _window(self, window: int) -> tuple[np.ndarray, ...]:
         if window not in self._windows:
@@ -284,6 +393,7 @@ class Prequential:
             "negatives": self.negatives,
             "top_k": self.top_k,
             "cold_events": self.cold_events,
+            "cohort_error": self._user_counts.overcount_rate(),
             "events": self.events,
             "all": self._metrics(*tallies),
             "cold": self._metrics(*(t[:1] for t in tallies)),
