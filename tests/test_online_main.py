@@ -860,3 +860,24 @@ def test_a_second_model_is_refused_the_group_and_the_first_trains_every_event(
         f"taking over consumer group 'trainer' of stream 'events' from the model in {first_dir}"
         in open(tmp_path / "third.err").read()
     )
+
+
+@pytest.mark.integration
+def test_each_window_of_the_curve_is_logged_as_it_closes(tmp_path):
+    events_dir = tmp_path / "events"
+    events_dir.mkdir()
+    _write_lines(events_dir / "a.csv", _csv(_events(3000, seed=19)))
+    trainer, out = _start(
+        tmp_path,
+        "trainer",
+        f"--events_dir={events_dir}",
+        f"--model_dir={tmp_path / 'model'}",
+        "--idle_timeout_secs=1",
+        "--prequential_every=1",
+        "--prequential_window_events=1000",
+    )
+    _finish(trainer, out, tmp_path, "trainer")
+    said = re.findall(
+        r"prequential, events ([\d,]+) to ([\d,]+): HR@10=", open(tmp_path / "trainer.err").read()
+    )
+    assert said == [("0", "1,000"), ("1,000", "2,000"), ("2,000", "3,000")]

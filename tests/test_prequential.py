@@ -74,6 +74,13 @@ def test_a_hand_built_stream_scores_as_computed_by_hand():
     # Events 0-2 and 3-4: windows of 3 (the first holds the scored events 1 and 2).
     assert [w["start"] for w in results["windows"]] == [0, 3]
     assert results["windows"][0] == pytest.approx({"start": 0, **expect([0, 1])})
+    # Closed once all its events are recorded: the first after 3 events, the second
+    # (events 3 to 5) not after the stream's 5.
+    assert protocol.closed_windows(0, 2) == []
+    assert protocol.closed_windows(0, 5) == [
+        pytest.approx({"start": 0, "end": 3, **expect([0, 1])})
+    ]
+    assert protocol.closed_windows(3, 5) == [] and len(protocol.closed_windows(3, 6)) == 1
     # Event 3 (user 1, item 12) outranks both items seen before it: a hit, AUC 1; an
     # item ranked below one valid negative is no hit at HR@1.
     assert expect([2]) == {"scored": 1, "hr": 1.0, "ndcg": 1.0, "auc": 1.0}

@@ -219,6 +219,7 @@ class PrequentialEvaluation(Callback):
         super().__init__()
         self.protocol = protocol
         self.events = 0  # of the sinks scored (the protocol has planned those read)
+        self.last_window: dict | None = None  # the newest window closed
 
     def on_sink_read(self, group) -> None:
         stacked = group.stacked
@@ -260,6 +261,20 @@ class PrequentialEvaluation(Callback):
         for plan in group.notes[self]:
             self.protocol.record(plan, scores[start : start + plan.size])
             start += plan.size
+        # Each window of the curve said as it closes (the summary keeps a bounded curve).
+        after = 0 if self.last_window is None else self.last_window["end"]
+        for window in self.protocol.closed_windows(after, self.events):
+            self.last_window = window
+            if window["scored"]:
+                logging.info(
+                    "prequential, events %s to %s: HR@%d=%.4f NDCG=%.4f (%s scored)",
+                    f"{window['start']:,}",
+                    f"{window['end']:,}",
+                    self.protocol.top_k,
+                    window["hr"],
+                    window["ndcg"],
+                    f"{window['scored']:,}",
+                )
 
     def results(self) -> dict:
         """The protocol's numbers (`prequential.Prequential.results`) over the sinks
@@ -269,12 +284,15 @@ class PrequentialEvaluation(Callback):
     def gauges(self) -> dict[str, float]:
         """The protocol's numbers over the stream so far, for a metric report:
         ``prequential_hr``, ``..._ndcg``, ``..._auc``, ``..._hr_cold``, ``..._hr_warm``
-        (those scored yet)."""
+        (those scored yet), and ``..._hr_window``, the newest closed window's (the curve
+        on TensorBoard)."""
         results = self.protocol.results()
         values = {f"prequential_{key}": results["all"][key] for key in ("hr", "ndcg", "auc")}
         values.update(
             prequential_hr_cold=results["cold"]["hr"], prequential_hr_warm=results["warm"]["hr"]
         )
+        if self.last_window is not None and self.last_window["hr"] is not None:
+            values["prequential_hr_window"] = self.last_window["hr"]  # a point a window
         return {key: value for key, value in values.items() if value is not None}
 
 

@@ -351,6 +351,17 @@ class Prequential:
                 merged[window // 2] = tallies
         self._windows = merged
 
+    def closed_windows(self, start: int, through: int) -> list[dict]:
+        """The windows of the curve that begin at or after event `start` and end at or
+        before event `through` (all their events recorded), oldest first: each its
+        ``start``, ``end`` and numbers."""
+        size = self.window_events
+        return [
+            {"start": window * size, "end": (window + 1) * size, **self._metrics(*tallies)}
+            for window, tallies in sorted(self._windows.items())
+            if window * size >= start and (window + 1) * size <= through
+        ]
+
     @property
     def nbytes(self) -> int:
         """The bytes its arrays hold (bounded: module docstring)."""
