@@ -226,8 +226,10 @@ class Prequential:
         window_events: Events per window of the curve (doubled while it would have
             more than `max_windows` windows).
         seed: The hash's seed (keep the default to compare systems).
-        max_users, max_items, max_windows: The bounds on its memory (module
-            docstring; keep the defaults to compare systems).
+        max_users: Users whose event counts are exact (module docstring; keep the
+            defaults of these bounds to compare systems).
+        max_items: Distinct items the negatives are drawn from.
+        max_windows: Most windows of the curve.
     """
 
     def __init__(
