@@ -45,22 +45,25 @@ from recommendation.model.hyperparams import ModelParams
 from recommendation.online import (
     callbacks,
     cluster,
-    group_claim,
     model_flags,
     online_ncf,
     prequential,
-    redis_connection,
-    redis_source,
     run_summary,
     sources,
     step_stages,
 )
 from recommendation.online.callback_base import Callback
-from recommendation.online.dead_letters import DeadLetterFile
-from recommendation.online.event_stream import EventStream
+from recommendation.online.evaluation import PrequentialEvaluation
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, RecModel
-from recommendation.online.redis_connection import RedisAccess, RedisAccessError, RedisOptions
+from recommendation.online.sources import group_claim, redis_connection, redis_source
+from recommendation.online.sources.dead_letters import DeadLetterFile
+from recommendation.online.sources.event_stream import EventStream
+from recommendation.online.sources.redis_connection import (
+    RedisAccess,
+    RedisAccessError,
+    RedisOptions,
+)
 from recommendation.training import ncf_flags
 
 
@@ -173,7 +176,7 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
         full_every=config.full_checkpoint_every,
     )
     tables = callbacks.TableWatch()
-    evaluation = callbacks.PrequentialEvaluation(
+    evaluation = PrequentialEvaluation(
         prequential.Prequential(
             config.prequential_every,
             config.prequential_negatives,

@@ -29,7 +29,7 @@ from absl import app, flags
 from official.utils.misc import atomic, errors
 from recommendation.data import movie_titles, movielens
 from recommendation.data.movielens import DataError
-from recommendation.online import versioned_export
+from recommendation.online.state import versioned_export
 from recommendation.serving import export_files
 
 _USER_IDS_HINT = os.path.join("assets", export_files.USER_IDS_FILE)

@@ -45,7 +45,7 @@ from official.core import model_dir
 from recommendation.data import constants, event_stream_data
 from recommendation.online import callbacks, online_ncf
 from recommendation.online.callback_base import Callback
-from recommendation.online.stream_batches import StreamBatch
+from recommendation.online.sources.stream_batches import StreamBatch
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("live_ids", 1_000_000, "Users of the stream, all held by the table.")

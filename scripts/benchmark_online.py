@@ -79,8 +79,9 @@ from online_runs import sustained_events_per_second  # noqa: E402
 from recommendation.data import movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.model import neumf_model
-from recommendation.online import redis_connection, redis_source, versioned_export  # noqa: E402
-from recommendation.online.redis_connection import RedisOptions  # noqa: E402
+from recommendation.online.sources import redis_connection, redis_entries  # noqa: E402
+from recommendation.online.sources.redis_connection import RedisOptions  # noqa: E402
+from recommendation.online.state import versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
 from recommendation.producer import negative_sampling  # noqa: E402
 from recommendation.training import cycles
@@ -519,7 +520,7 @@ class _ExportWatcher(threading.Thread):
                         position = versioned_export.read_info(path)["position"]
                     except (tf.errors.NotFoundError, FileNotFoundError):
                         continue  # already replaced by a newer one
-                    self.seen.append((time.time(), redis_source.redis_entry_id(position)))
+                    self.seen.append((time.time(), redis_entries.redis_entry_id(position)))
             time.sleep(0.02)
 
 

@@ -101,8 +101,12 @@ def _chief(mode: str, out: str) -> None:
             marks.append((time.perf_counter(), logs["events"]))
 
     chosen = [Clock()]
-    if hasattr(callbacks, "PrequentialEvaluation"):  # (a --trees checkout may not have it)
-        chosen.append(callbacks.PrequentialEvaluation(prequential.Prequential()))
+    try:
+        from recommendation.online.evaluation import PrequentialEvaluation
+    except ImportError:  # a --trees checkout: where it had it, in callbacks
+        PrequentialEvaluation = getattr(callbacks, "PrequentialEvaluation", None)
+    if PrequentialEvaluation is not None:
+        chosen.append(PrequentialEvaluation(prequential.Prequential()))
     summary = rec_model.online_train(batches, chosen, sink_size=4)
     (start, first), (end, last) = marks[0], marks[-1]
     steps = rec_model.cluster

@@ -54,7 +54,7 @@ import replay_events  # noqa: E402
 from recommendation.model import (
     optimizers,
 )
-from recommendation.online.hash_embedding import HashEmbedding  # noqa: E402
+from recommendation.online.tables.hash_embedding import HashEmbedding  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("ratings", None, "MovieLens ratings file replayed as the stream.")

@@ -47,9 +47,9 @@ import profile_training_step  # noqa: E402
 
 from recommendation.data import constants  # noqa: E402
 from recommendation.online import step_stages  # noqa: E402
-from recommendation.online.dead_letters import DeadLetterFile  # noqa: E402
-from recommendation.online.event_stream import EventStream  # noqa: E402
 from recommendation.online.sources import DirectorySource  # noqa: E402
+from recommendation.online.sources.dead_letters import DeadLetterFile  # noqa: E402
+from recommendation.online.sources.event_stream import EventStream  # noqa: E402
 
 TAIL_STEPS = 8  # left out of the profile: the last sinks may be partial
 

@@ -32,8 +32,8 @@ from absl import app, flags, logging
 
 from official.utils.flags import core
 from recommendation.data import movielens, ratings_readers
-from recommendation.online import redis_connection
-from recommendation.online.redis_connection import RedisAccessError, RedisOptions
+from recommendation.online.sources import redis_connection
+from recommendation.online.sources.redis_connection import RedisAccessError, RedisOptions
 
 _FORMATS = {
     "dat": movielens.DAT_FORMAT,

@@ -31,9 +31,10 @@ from test_online_main import (
 )
 
 from official.core.model_dir import ModelDirError
-from recommendation.online import callbacks, cluster, online_ncf, versioned_export
+from recommendation.online import callbacks, cluster, online_ncf
 from recommendation.online.cluster import ClusterError
-from recommendation.online.row_shards import RowShards
+from recommendation.online.state import versioned_export
+from recommendation.online.tables.row_shards import RowShards
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 PARAMS = online_ncf.OnlineParams(

@@ -18,8 +18,10 @@ from conftest import CHECKPOINT_DAMAGES, bytes_read, damage_checkpoint
 from official.core.model_dir import ModelDirError
 from official.utils.misc import atomic
 from recommendation.data import constants
-from recommendation.online import callbacks, delta_checkpoints, id_index, online_ncf
-from recommendation.online.stream_batches import StreamBatch
+from recommendation.online import callbacks, online_ncf
+from recommendation.online.sources.stream_batches import StreamBatch
+from recommendation.online.state import delta_checkpoints
+from recommendation.online.tables import id_index
 
 # Small tables under churn: users arrive all the time (lru evicts, rows move into the
 # holes), items are admitted on their second sighting (pending sightings change).

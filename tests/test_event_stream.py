@@ -9,8 +9,8 @@ import numpy as np
 
 from recommendation.data import constants
 from recommendation.online import sources
-from recommendation.online.event_parsing import EventChunk
-from recommendation.online.event_stream import EventStream
+from recommendation.online.sources.event_parsing import EventChunk
+from recommendation.online.sources.event_stream import EventStream
 
 
 class _Scripted:

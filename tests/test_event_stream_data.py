@@ -16,7 +16,7 @@ from recommendation.data import event_stream_data, stream_references
 from recommendation.data.event_stream_data import EventStreamSpec
 from recommendation.data.movielens import DataError
 from recommendation.online import sources
-from recommendation.online.dead_letters import DeadLetterFile
+from recommendation.online.sources.dead_letters import DeadLetterFile
 
 SMALL = EventStreamSpec(num_users=2000, num_items=1000, num_events=50_000)
 TINY = EventStreamSpec(num_users=300, num_items=100, num_events=3000)

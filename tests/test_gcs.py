@@ -20,7 +20,7 @@ import tensorflow as tf
 from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module
 
 from recommendation import recommend
-from recommendation.online import versioned_export
+from recommendation.online.state import versioned_export
 
 NCF_FLAGS = [
     *TINY_NCF_MAIN_FLAGS,
@@ -270,7 +270,7 @@ def test_an_event_file_rewritten_on_gcs_is_read_again_and_one_replaced_to_append
     script = """
 import json, tensorflow as tf
 from recommendation.online import sources
-from recommendation.online.dead_letters import DeadLetterFile
+from recommendation.online.sources.dead_letters import DeadLetterFile
 folder = "gs://bucket/events"
 def write(users):
     with tf.io.gfile.GFile(folder + "/a.csv", "w") as out:
@@ -313,7 +313,7 @@ def test_an_event_file_rotated_by_rename_on_gcs_is_found_by_its_bytes_and_read_t
     script = """
 import json, tensorflow as tf
 from recommendation.online import sources
-from recommendation.online.dead_letters import DeadLetterFile
+from recommendation.online.sources.dead_letters import DeadLetterFile
 folder = "gs://bucket/rotated"
 def write(name, users):
     with tf.io.gfile.GFile(f"{folder}/{name}", "w") as out:
@@ -349,7 +349,7 @@ def test_versions_on_gcs_are_those_whose_info_file_is_there(gcs):
     script = """
 import json, sys, tensorflow as tf
 from official.utils.misc import atomic
-from recommendation.online import versioned_export
+from recommendation.online.state import versioned_export
 def write(path, data):
     with tf.io.gfile.GFile(path, "w") as out:
         out.write(data)

@@ -14,7 +14,7 @@ import pytest
 from absl import logging
 
 from official.core import writer_lease
-from recommendation.online.group_claim import GroupClaim, GroupClaimError, claim_key
+from recommendation.online.sources.group_claim import GroupClaim, GroupClaimError, claim_key
 
 HOST = socket.gethostname()
 

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from recommendation.model import optimizers
-from recommendation.online.eviction import CandidatePool, parse_policy
-from recommendation.online.hash_embedding import HashEmbedding
+from recommendation.online.tables.eviction import CandidatePool, parse_policy
+from recommendation.online.tables.hash_embedding import HashEmbedding
 
 
 class _Trainer:

@@ -4,7 +4,7 @@ past a tombstone, and `id_index.put`, which every write of a held key goes throu
 import pytest
 import tensorflow as tf
 
-from recommendation.online import id_index
+from recommendation.online.tables import id_index
 
 # Two int64 ids that share a bucket of a 1024-bucket index: the second one's probe
 # sequence passes the first one's bucket.

@@ -27,7 +27,7 @@ from official.core.model_dir import ModelDirError
 from official.core.runner import Runner, restore_model
 from recommendation.data import constants
 from recommendation.online import callbacks, online_ncf
-from recommendation.online.stream_batches import StreamBatch
+from recommendation.online.sources.stream_batches import StreamBatch
 
 ONLINE = online_ncf.OnlineParams(
     mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0), user_capacity=64, item_capacity=32

@@ -25,7 +25,8 @@ from conftest import damage_checkpoint
 from official.core import writer_lease
 from official.utils.flags import core
 from recommendation import online_main
-from recommendation.online import callbacks, online_ncf, run_summary, versioned_export
+from recommendation.online import callbacks, online_ncf, run_summary
+from recommendation.online.state import versioned_export
 from recommendation.online_main import OnlineConfig
 from recommendation.training import ncf_flags
 

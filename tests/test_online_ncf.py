@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 from recommendation.data import constants
-from recommendation.online import callbacks, online_ncf, prequential
-from recommendation.online.hash_embedding import HashEmbedding
+from recommendation.online import evaluation, online_ncf, prequential
+from recommendation.online.tables.hash_embedding import HashEmbedding
 
 MF_DIM, MLP_HALF = 2, 2
 PARAMS = dict(
@@ -119,7 +119,7 @@ def test_a_sink_is_scored_by_the_protocol_before_it_trains():
     batch = {constants.USER_COLUMN: users, constants.ITEM_COLUMN: items}
     batch[constants.TIME_COLUMN] = times
     protocol = prequential.Prequential(every=1, negatives=1, top_k=1)
-    rec_model.online_train([batch], [callbacks.PrequentialEvaluation(protocol)], sink_size=1)
+    rec_model.online_train([batch], [evaluation.PrequentialEvaluation(protocol)], sink_size=1)
     # The negatives the protocol drew (a plan of the same events is the same plan):
     # event 1 has only item 100 before it, events 2 and 3 draw from [100, 200].
     plan = prequential.Prequential(every=1, negatives=1, top_k=1).plan(users, items, times)

@@ -17,13 +17,8 @@ from conftest import run_module_on_a_tmpfs
 from tensorboard.compat.proto import event_pb2
 
 from recommendation import online_main
-from recommendation.online import (
-    callbacks,
-    online_ncf,
-    prequential,
-    run_summary,
-    versioned_export,
-)
+from recommendation.online import callbacks, online_ncf, prequential, run_summary
+from recommendation.online.state import versioned_export
 from recommendation.online_main import OnlineConfig
 
 MODEL = online_ncf.OnlineParams(

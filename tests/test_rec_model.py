@@ -16,10 +16,10 @@ from absl import logging
 
 from official.utils.misc import machine
 from recommendation.online import callbacks as online_callbacks
-from recommendation.online import stream_batches
 from recommendation.online.callback_base import Callback
 from recommendation.online.rec_model import RecModel
-from recommendation.online.stream_batches import StreamBatch
+from recommendation.online.sources import stream_batches
+from recommendation.online.sources.stream_batches import StreamBatch
 
 WEIGHTS = np.array([[1.0], [-2.0], [0.5], [1.5]], np.float32)
 

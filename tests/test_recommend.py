@@ -20,7 +20,8 @@ from conftest import (
 
 from recommendation import recommend
 from recommendation.data.movielens import DataError
-from recommendation.online import online_ncf, versioned_export
+from recommendation.online import online_ncf
+from recommendation.online.state import versioned_export
 from recommendation.serving import export_files
 
 

@@ -14,8 +14,8 @@ from conftest import throwaway_password
 from test_redis_credentials import _assert_nowhere, _password_file, _quoted
 
 from official.utils.flags import core
-from recommendation.online import redis_connection, redis_source
-from recommendation.online.redis_connection import RedisAccessError, RedisOptions
+from recommendation.online.sources import redis_connection, redis_source
+from recommendation.online.sources.redis_connection import RedisAccessError, RedisOptions
 
 
 @pytest.mark.parametrize(

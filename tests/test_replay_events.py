@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_ROWS, load_script, write_movielens
 
 from recommendation.online import sources
-from recommendation.online.dead_letters import DeadLetterFile
+from recommendation.online.sources.dead_letters import DeadLetterFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "replay_events.py")

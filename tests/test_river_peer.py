@@ -16,8 +16,8 @@ import pytest
 from conftest import ROOT, SCRIPTS_DIR
 
 from recommendation.online import prequential
-from recommendation.online.dead_letters import DeadLetterFile
 from recommendation.online.sources import DirectorySource
+from recommendation.online.sources.dead_letters import DeadLetterFile
 
 sys.path.insert(0, os.path.join(SCRIPTS_DIR, "peers"))  # as `python scripts/peers/...` has it
 import peer_harness  # noqa: E402

@@ -14,8 +14,15 @@ import redis
 from absl.testing import parameterized
 from conftest import RedisServer
 
-from recommendation.online import dead_letters, event_parsing, redis_source, sources
-from recommendation.online.dead_letters import DeadLetterFile
+from recommendation.online import sources
+from recommendation.online.sources import (
+    dead_letters,
+    event_parsing,
+    files,
+    redis_entries,
+    redis_source,
+)
+from recommendation.online.sources.dead_letters import DeadLetterFile
 
 
 class ParseEventTest(parameterized.TestCase):
@@ -325,7 +332,7 @@ def test_directory_csv_reads_the_same_events_and_ids_at_once_as_line_by_line(tmp
         one_at_a_time.append(text)
         return event_parsing.parse_line(text, is_csv)
 
-    monkeypatch.setattr(sources, "parse_line", parse_line)
+    monkeypatch.setattr(files, "parse_line", parse_line)
     for read_bytes, chunk in ((64, 3), (1 << 20, 7), (1 << 20, 1000)):
         dead = DeadLetterFile(str(tmp_path / f"dead-{read_bytes}-{chunk}.jsonl"))
         source = sources.DirectorySource(str(folder), dead, read_bytes=read_bytes)
@@ -653,18 +660,18 @@ def test_plain_redis_entries_convert_in_numpy_as_the_general_path_does(flat, pla
     the same values, whether the reply is all of one kind (converted as one text) or
     mixed (entry by entry in a table); the rest (and a reply it cannot lay out as a
     table) goes to the general path, entry by entry."""
-    events, converted = redis_source._plain_redis_events([PLAIN, flat, PLAIN])
+    events, converted = redis_entries.plain_redis_events([PLAIN, flat, PLAIN])
     assert converted.tolist() == [True, plain, True]
     fields = dict(zip(flat[::2], flat[1::2], strict=True))
     if plain:
         assert tuple(events[1]) == event_parsing.parse_event(fields)
-    alike, converted = redis_source._plain_redis_events([flat, flat])
+    alike, converted = redis_entries.plain_redis_events([flat, flat])
     assert converted.tolist() == [plain, plain]
     if plain:
         assert [tuple(row) for row in alike.tolist()] == [event_parsing.parse_event(fields)] * 2
     assert tuple(events[0]) == tuple(events[2]) == (12, 3400, 978300760)
     for odd in (None, [b"user", b"1"], PLAIN + [b"extra", b"1"]):  # deleted, short, long
-        assert not redis_source._plain_redis_events([PLAIN, odd])[1].any()
+        assert not redis_entries.plain_redis_events([PLAIN, odd])[1].any()
 
 
 def test_redis_a_commit_inside_a_reply_acknowledges_up_to_its_position(redis_server):

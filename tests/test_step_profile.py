@@ -16,7 +16,7 @@ from conftest import load_script
 
 from recommendation import online_main
 from recommendation.data import constants
-from recommendation.online import callbacks, online_ncf, prequential, step_stages
+from recommendation.online import callbacks, evaluation, online_ncf, prequential, step_stages
 
 
 def test_an_op_belongs_to_its_innermost_stage_and_scoring_ops_to_the_scoring():
@@ -53,7 +53,7 @@ def _profiled_training(log_dir: str, first: int, last: int, steps: int) -> None:
     rec_model = online_ncf.build_rec_model(params)
     chosen = [
         step_stages.ProfileSteps(first, last, log_dir),
-        callbacks.PrequentialEvaluation(prequential.Prequential(every=1, negatives=2, top_k=1)),
+        evaluation.PrequentialEvaluation(prequential.Prequential(every=1, negatives=2, top_k=1)),
     ]
     rec_model.online_train(_batches(steps), chosen, sink_size=1)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recommendation.online import versioned_export
+from recommendation.online.state import versioned_export
 
 
 class _Scaler(tf.Module):

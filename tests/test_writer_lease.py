@@ -20,7 +20,7 @@ from conftest import ROOT, TINY_NCF_MAIN_FLAGS, run_module, the_error_line, tiny
 from official.core import writer_lease
 from official.core.model_dir import ModelDirError
 from official.core.writer_lease import LEASE_FILE
-from recommendation.online import versioned_export
+from recommendation.online.state import versioned_export
 from recommendation.serving import export_files
 
 HOST = socket.gethostname()

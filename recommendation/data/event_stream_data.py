@@ -56,7 +56,7 @@ from recommendation.data import synthetic_data
 from recommendation.data.movielens import DataError
 from recommendation.data.ratings_readers import RawRatings
 from recommendation.data.synthetic_data import SyntheticSpec, SyntheticTruth
-from recommendation.online.event_parsing import FIELDS, MAX_ID
+from recommendation.online.sources.event_parsing import FIELDS, MAX_ID
 
 _BLOCK_EVENTS = 1 << 17  # events generated per block of users (on average)
 FILE_EVENTS = 1_000_000  # events per file when the number of files is not given

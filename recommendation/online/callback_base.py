@@ -12,7 +12,7 @@ import keras
 
 if TYPE_CHECKING:
     from recommendation.online.rec_model import RecModel
-    from recommendation.online.stream_batches import BatchGroup
+    from recommendation.online.sources.stream_batches import BatchGroup
 
 
 class Callback(keras.callbacks.Callback):

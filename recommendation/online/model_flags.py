@@ -4,8 +4,8 @@ gets a row and who loses one, and how the rows train."""
 from __future__ import annotations
 
 from official.utils.flags.core import POSITIVE, POSITIVE_OR_UNSET, Check, FlagSpec
-from recommendation.online import eviction
-from recommendation.online.row_training import ROW_OPTIMIZERS
+from recommendation.online.tables import eviction
+from recommendation.online.tables.row_training import ROW_OPTIMIZERS
 
 
 def _parses_as_policy(value: str | None) -> bool:

@@ -22,8 +22,8 @@ import tensorflow as tf
 from recommendation.data import constants
 from recommendation.model import hyperparams, network, neumf_model, optimizers
 from recommendation.online import cluster, step_stages
-from recommendation.online.hash_embedding import HashEmbedding
 from recommendation.online.rec_model import RecModel
+from recommendation.online.tables.hash_embedding import HashEmbedding
 
 
 @dataclasses.dataclass(frozen=True)

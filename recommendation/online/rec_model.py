@@ -58,7 +58,7 @@ from official.core.runner import traced, without_autotuning
 from recommendation.online import cluster, sink_calls
 from recommendation.online.callback_base import CallbackList
 from recommendation.online.metrics import build_metrics
-from recommendation.online.stream_batches import (
+from recommendation.online.sources.stream_batches import (
     BatchGroup,
     Prefetcher,
     StreamBatch,

@@ -8,6 +8,7 @@ import numpy as np
 
 from recommendation.online import callbacks
 from recommendation.online.callback_base import Callback
+from recommendation.online.evaluation import PrequentialEvaluation
 from recommendation.online.rec_model import RecModel
 
 
@@ -34,7 +35,7 @@ def outputs(chosen: list[Callback]) -> dict:
     found = {type(callback): callback for callback in chosen}
     export = found.get(callbacks.ExportCallback)
     checkpoint = found[callbacks.CheckpointCallback]
-    evaluation = found.get(callbacks.PrequentialEvaluation)
+    evaluation = found.get(PrequentialEvaluation)
 
     def mean(values: list[float]) -> float | None:
         return float(np.mean(values)) if values else None

@@ -15,7 +15,7 @@ model's state at each score does, as a batch size does.
 Peers run in their own virtual environments (no TensorFlow, no project installed), so
 the project's numpy-only modules are loaded by file path: the protocol
 (recommendation/online/prequential.py), the event-file rules
-(recommendation/online/event_parsing.py) and the reading of a process's memory
+(recommendation/online/sources/event_parsing.py) and the reading of a process's memory
 (official/utils/misc/machine.py).
 """
 
@@ -48,7 +48,7 @@ def _load(path: str) -> ModuleType:
 
 
 prequential = _load("recommendation/online/prequential.py")
-event_parsing = _load("recommendation/online/event_parsing.py")
+event_parsing = _load("recommendation/online/sources/event_parsing.py")
 machine = _load("official/utils/misc/machine.py")
 
 # ncf-online's defaults: --batch_size (events a chunk here), --num_neg, and (the

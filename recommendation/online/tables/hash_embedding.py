@@ -36,18 +36,19 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from recommendation.online import id_index, masks, row_shards, step_stages
-from recommendation.online.admission import Admission
-from recommendation.online.eviction import (
+from recommendation.online import step_stages
+from recommendation.online.steps_in_flight import DrainedUpkeep
+from recommendation.online.tables import id_index, masks, row_shards
+from recommendation.online.tables.admission import Admission
+from recommendation.online.tables.eviction import (
     CandidatePool,
     EvictionPolicy,
     parse_policy,
     seen_priority,
 )
-from recommendation.online.row_shards import RowShards
-from recommendation.online.row_training import ROW_OPTIMIZERS, RowTraining
-from recommendation.online.steps_in_flight import DrainedUpkeep
-from recommendation.online.table_changes import ChangeTracking
+from recommendation.online.tables.row_shards import RowShards
+from recommendation.online.tables.row_training import ROW_OPTIMIZERS, RowTraining
+from recommendation.online.tables.table_changes import ChangeTracking
 
 
 def _growing(initial: tf.Tensor, name: str, trainable: bool = False) -> tf.Variable:

@@ -14,7 +14,8 @@ import keras
 import tensorflow as tf
 
 from recommendation.model import optimizers
-from recommendation.online import masks, row_shards, step_stages
+from recommendation.online import step_stages
+from recommendation.online.tables import masks, row_shards
 
 ROW_OPTIMIZERS = ("adam", "adagrad", "sgd")
 ROW_ADAGRAD_EPSILON = 1e-8  # FBGEMM's

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import id_index, masks, row_shards, step_stages
+from recommendation.online import step_stages
+from recommendation.online.tables import id_index, masks, row_shards
 
 _FIRST_ALLOCATION = 64  # rows allocated by the first admission
 

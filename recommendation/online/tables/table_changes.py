@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import id_index, masks, row_shards
+from recommendation.online.tables import id_index, masks, row_shards
 
 _ROWS, _PENDING = "rows.", "pending."
 

@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from recommendation.online.event_parsing import shorten
+from recommendation.online.sources.event_parsing import shorten
 
 # Dead letters keep this much of the payload.
 MAX_PAYLOAD_CHARS = 1000

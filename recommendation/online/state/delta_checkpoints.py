@@ -37,7 +37,7 @@ from absl import logging
 from official.core import model_dir
 from official.core.model_dir import ModelDirError
 from official.utils.misc import atomic, errors
-from recommendation.online import row_shards
+from recommendation.online.tables import row_shards
 
 MANIFEST = "deltas.json"
 _PREFIX = "delta-"

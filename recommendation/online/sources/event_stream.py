@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from recommendation.data import constants
-from recommendation.online.stream_batches import StreamBatch
+from recommendation.online.sources.stream_batches import StreamBatch
 
 
 class EventStream:

@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
-import itertools
-import re
 import time
 
 import numpy as np
 import redis
 from absl import logging
 
-from recommendation.online import group_claim, redis_connection
-from recommendation.online.dead_letters import payload_text
-from recommendation.online.event_parsing import EventChunk, parse_event
-
-# Events whose payload is one JSON object carry it in this Redis field.
-JSON_FIELD = "json"
+from recommendation.online.sources import group_claim, redis_connection
+from recommendation.online.sources.dead_letters import payload_text
+from recommendation.online.sources.event_parsing import EventChunk
+from recommendation.online.sources.redis_entries import (
+    plain_redis_events,
+    redis_entry_id,
+    redis_event,
+    stream_id,
+)
+from recommendation.online.sources.redis_replay import Redelivery, Replay
+from recommendation.online.sources.redis_trims import TrimCounting
 
 # Every command a `RedisSource` sends (and the PING that checks the connection first),
 # as ACL rules name them: what a Redis ACL user of the trainer must be allowed.
@@ -44,154 +46,7 @@ COMMANDS = (
 _RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
-# A reply's values joined by commas (and one after the last) when each is plain.
-_PLAIN_VALUES = re.compile(rb"(?:[0-9]{1,18},)+")
-
-
-def _all_plain(flats: list) -> np.ndarray | None:
-    """`(n, 3)` events of a reply whose entries are all plain (`_plain_redis_events`),
-    converted as one text; None for any other reply. The common reply, at a fraction
-    of the cost of the entry-by-entry table (list operations in C, no object array)."""
-    count = len(flats)
-    try:
-        if set(map(len, flats)) != {6}:
-            return None
-    except TypeError:  # a deleted entry (None)
-        return None
-    fields = list(itertools.chain.from_iterable(flats))
-    for offset, name in enumerate((b"user", b"item", b"timestamp")):
-        if fields[2 * offset :: 6].count(name) != count:
-            return None
-    try:
-        text = b",".join(fields[1::2]) + b","
-    except TypeError:  # values that are not bytes
-        return None
-    if not _PLAIN_VALUES.fullmatch(text):
-        return None
-    values = np.fromstring(text, np.int64, sep=",")
-    # A value holding a comma would be two numbers: then the count is off.
-    return values.reshape(-1, 3) if len(values) == 3 * count else None
-
-
-def _plain_redis_events(flats: list) -> tuple[np.ndarray, np.ndarray]:
-    """`(events (n, 3) int64, plain (n,) bool)` of stream entries' flat field lists,
-    converted in numpy (one entry at a time in Python cost more than training on it).
-
-    Plain entries are the common ones: user, item and timestamp fields in that order,
-    values plain non-negative decimals of at most 18 digits (so below 2**63). Whatever
-    this accepts, `parse_event` accepts with the same result; the other entries (rows
-    of `events` undefined) are left to `_redis_event`.
-    """
-    count = len(flats)
-    events = _all_plain(flats)
-    if events is not None:
-        return events, np.ones(count, bool)
-    events = np.zeros((count, 3), np.int64)
-    try:
-        table = np.array(flats, dtype=object).reshape(count, 6)
-    except ValueError:  # deleted entries (None), other field counts
-        return events, np.zeros(count, bool)
-    plain = (table[:, 0] == b"user") & (table[:, 2] == b"item") & (table[:, 4] == b"timestamp")
-    values = table[:, 1::2].ravel()
-    try:
-        lengths = np.fromiter(map(len, values), np.int64, count=values.size)
-        text = values.astype(bytes)
-    except (TypeError, UnicodeEncodeError):  # values that are not bytes
-        return events, np.zeros(count, bool)
-    # Numpy drops trailing NUL bytes from its strings: a changed length is such a value.
-    digits = (lengths <= 18) & (np.char.str_len(text) == lengths) & np.char.isdigit(text)
-    plain &= digits.reshape(count, 3).all(axis=1)
-    events[plain] = text.reshape(count, 3)[plain].astype(np.int64)
-    return events, plain
-
-
-def redis_entry_id(position: dict | str | None) -> str | None:
-    """The last entry id a `RedisSource` position holds (earlier versions stored the
-    bare id; None: nothing read yet)."""
-    return position["id"] if isinstance(position, dict) else position
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _stream_id(value: str | bytes) -> tuple[int, int]:
-    milliseconds, _, sequence = _text(value).partition("-")
-    return int(milliseconds), int(sequence or 0)
-
-
-def _next_id(value: str) -> str:
-    """The smallest stream id after `value` (an exclusive start on any Redis >= 5)."""
-    milliseconds, sequence = _stream_id(value)
-    if sequence == 2**64 - 1:
-        return f"{milliseconds + 1}-0"
-    return f"{milliseconds}-{sequence + 1}"
-
-
-def _may_have_trimmed(cursor: str, first: bytes | None, pending_ids: list) -> bool:
-    """Whether acknowledged entries after stream id `cursor` may have been trimmed:
-    both the stream's `first` entry (None: it is empty) and this consumer's first
-    pending entry after `cursor` (acknowledged ones come before it) leave room for one."""
-    bounds = [_stream_id(entry_id) for entry_id in (first, *pending_ids[:1]) if entry_id]
-    return not bounds or min(bounds) > _stream_id(_next_id(cursor))
-
-
-def _redis_event(flat: list) -> tuple[int, int, int]:
-    """(user, item, timestamp) of a stream entry's flat ``[field, value, ...]`` list
-    (the general path: `_plain_redis_events` converts the common entries)."""
-    fields = dict(zip(flat[::2], flat[1::2], strict=True))
-    record = fields.get(JSON_FIELD.encode())
-    return parse_event(record if record is not None else fields)
-
-
-# What a warning about trimmed entries advises.
-_TRIMMED_ADVICE = (
-    "raise the stream's MAXLEN above the events added during the trainer's longest lag "
-    "or stop, or shorten those (docs/operations.md: Redis Streams: lost events)"
-)
-
-
-def _group_entries_read(group: dict, stream: dict, accounted: int | None) -> int | None:
-    """How many entries had been added to the stream up to the group's last-delivered
-    id (XINFO GROUPS and XINFO STREAM replies; None: unknown, as on Redis < 7).
-
-    Exact where that id is the last one added, or the group has read nothing (it starts
-    at the first entry); else the group's entries-read, or `accounted` (what the source
-    made of the counter before) when that is higher: Redis before 8.0 and Valkey before
-    8.0.3 do not advance entries-read past the entries a group skips, so there the
-    skipped entries are counted later (once the group is behind the first entry again,
-    or has read the last one).
-    """
-    added = stream.get("entries-added")
-    if added is None:
-        return None
-    delivered = _stream_id(group["last-delivered-id"])
-    if delivered == _stream_id(stream["last-generated-id"]):
-        return added
-    if delivered == (0, 0):
-        return added - stream["length"]
-    known = [count for count in (group.get("entries-read"), accounted) if count is not None]
-    return max(known, default=None)
-
-
-@dataclasses.dataclass
-class _Replay:
-    """The entries after a restored position up to the group's last-delivered id
-    (`end`), read again before new ones (`RedisSource`)."""
-
-    end: str
-    # Entries ever added to the stream up to `end` (None: unknown, for the reason given).
-    entries_read: int | None
-    uncounted_because: str | None
-    # Whether entries acknowledged before may have been trimmed (`_may_have_trimmed`):
-    # a loss that unknown counters cannot tell.
-    trimmed_into: bool = False
-    # Whether a pending entry was read again: all entries delivered after it are
-    # pending too (a commit acknowledges the entries up to its position).
-    past_pending: bool = False
-
-
-class RedisSource:
+class RedisSource(Redelivery, TrimCounting):
     """Events from a Redis stream through a consumer group, acknowledged on commit.
 
     Entries hold ``user``, ``item`` and ``timestamp`` fields, or one ``json`` field
@@ -295,7 +150,7 @@ class RedisSource:
         self._restored: str | None = None  # the entry id of the position restored
         self._after: tuple[int, int] | None = None  # the same, parsed
         self._replay_due = False  # whether to look for entries to read again
-        self._replay: _Replay | None = None
+        self._replay: Replay | None = None
         self._pending_cursor: str | bytes | None = "0"
         self._last_read: str | None = None
         # (newest entry id, entry ids) of each reply delivered and not yet acknowledged.
@@ -313,7 +168,7 @@ class RedisSource:
         self.lost_events_exact = counts.get("lost_events_exact", True)
         self._entries_read = counts.get("entries_read")
         self._restored = entry_id or None
-        self._after = _stream_id(entry_id) if entry_id else None
+        self._after = stream_id(entry_id) if entry_id else None
         self._replay_due, self._replay = bool(entry_id), None
         self._pending_cursor = "0"
 
@@ -383,98 +238,6 @@ class RedisSource:
         )
         return self._entries(reply)
 
-    def _plan_replay(self) -> None:
-        """After a restore: the entries to read again, if the group delivered any after
-        the restored position (class docstring)."""
-        transaction = self.client.pipeline(transaction=True)  # both of one moment
-        transaction.xinfo_groups(self.stream)
-        transaction.xinfo_stream(self.stream)
-        groups, stream = transaction.execute()
-        self._replay_due = False
-        group = next((g for g in groups if _text(g["name"]) == self.group), None)
-        if group is None or _stream_id(group["last-delivered-id"]) <= self._after:
-            return
-        if "entries-added" not in stream:
-            uncounted_because = "this Redis keeps no stream counters (Redis >= 7 does)"
-        elif self._entries_read is None:
-            uncounted_because = "the position restored holds no count of the entries read"
-        elif group.get("entries-read") is None:
-            uncounted_because = (
-                "the group's entries-read is unknown: entries deleted with XDEL, or XGROUP SETID"
-            )
-        else:
-            uncounted_because = None
-        entries_read = None if uncounted_because else _group_entries_read(group, stream, None)
-        self._replay = _Replay(_text(group["last-delivered-id"]), entries_read, uncounted_because)
-        logging.info(
-            "reading again the entries of stream %r after %s, the position restored, up to "
-            "%s, the last one delivered to the trainer's consumer group",
-            self.stream,
-            self._restored,
-            self._replay.end,
-        )
-
-    def _replayed_entries(self, max_events: int) -> list:
-        """The next entries to read again, in id order: those in the stream and this
-        consumer's pending ones no longer in it (without fields); [] once done."""
-        replay, cursor = self._replay, self._last_read or self._restored
-        last = _stream_id(replay.end)
-        if _stream_id(cursor) >= last:
-            self._finish_replay()
-            return []
-        start = _next_id(cursor)
-        transaction = self.client.pipeline(transaction=True)
-        transaction.xrange(self.stream, start, replay.end, count=max_events)
-        transaction.xpending_range(
-            self.stream, self.group, start, replay.end, max_events, consumername=self.consumer
-        )
-        if replay.entries_read is None:
-            transaction.xinfo_stream(self.stream)
-        found, pending, *stream = transaction.execute()
-        # A full reply may stop short of the other's last entry: up to the lower of them.
-        pending_ids = [entry["message_id"] for entry in pending]
-        for ids in ([entry_id for entry_id, _ in found], pending_ids):
-            if len(ids) == max_events:
-                last = min(last, _stream_id(ids[-1]))
-        pending_ids = [entry_id for entry_id in pending_ids if _stream_id(entry_id) <= last]
-        if stream and not replay.past_pending:
-            first = stream[0]["first-entry"]
-            replay.trimmed_into |= _may_have_trimmed(cursor, first and first[0], pending_ids)
-        replay.past_pending |= bool(pending_ids)
-        entries = [entry for entry in found if _stream_id(entry[0]) <= last]
-        present = {entry_id for entry_id, _ in entries}
-        gone = [(entry_id, None) for entry_id in pending_ids if entry_id not in present]
-        if gone:
-            entries = sorted(entries + gone, key=lambda entry: _stream_id(entry[0]))
-        if not entries:
-            self._finish_replay()
-        return entries
-
-    def _finish_replay(self) -> None:
-        """Counts the entries to read again that were no longer in the stream, or says
-        that some may have been and cannot be counted."""
-        replay, self._replay = self._replay, None
-        if replay.entries_read is not None:
-            missing = max(0, replay.entries_read - self._entries_read)
-            self._entries_read += missing
-            if missing:
-                self._report_lost(
-                    missing, "trimmed or deleted before the restored trainer read them again"
-                )
-        elif replay.trimmed_into:
-            self.lost_events_exact = False
-            logging.warning(
-                "stream %r was trimmed past %s, the position restored, before the trainer "
-                "read again the entries after it (up to %s): any of them trimmed are in no "
-                "model and cannot be counted (%s), so lost events is a lower bound from now "
-                "on; %s",
-                self.stream,
-                self._restored,
-                replay.end,
-                replay.uncounted_because,
-                _TRIMMED_ADVICE,
-            )
-
     def _entries(self, reply) -> list:
         """``[(id, [field, value, ...]), ...]`` of a raw XREADGROUP reply (a list of
         [stream, entries] pairs, or with some parsers a mapping)."""
@@ -487,7 +250,7 @@ class RedisSource:
         checkpointed already: acknowledge them instead of training them twice."""
         if self._after is None:
             return entries
-        done = [entry_id for entry_id, _ in entries if _stream_id(entry_id) <= self._after]
+        done = [entry_id for entry_id, _ in entries if stream_id(entry_id) <= self._after]
         if done:
             self.client.xack(self.stream, self.group, *done)
         return entries[len(done) :]
@@ -512,7 +275,7 @@ class RedisSource:
         changes only once all of that is done (a dropped connection midway makes the
         whole reply be read again, from the pending list)."""
         ids = [entry_id.decode() for entry_id, _ in entries]
-        events, good = _plain_redis_events([flat for _, flat in entries])
+        events, good = plain_redis_events([flat for _, flat in entries])
         dead = trimmed = 0
         for index in np.flatnonzero(~good):
             flat = entries[index][1]
@@ -520,7 +283,7 @@ class RedisSource:
                 trimmed += 1
                 continue
             try:
-                events[index] = _redis_event(flat)
+                events[index] = redis_event(flat)
             except ValueError as error:
                 self._dead_letter(ids[index], flat, str(error))
                 dead += 1
@@ -531,7 +294,7 @@ class RedisSource:
             self._report_lost(trimmed, "delivered to the trainer and trimmed before training")
         if self._entries_read is not None:
             self._entries_read += len(ids)
-        self._delivered.append((_stream_id(ids[-1]), ids))
+        self._delivered.append((stream_id(ids[-1]), ids))
         self._last_read = ids[-1]
         good_ids = ids if not dead + trimmed else [ids[i] for i in np.flatnonzero(good)]
         events = events[good]
@@ -545,64 +308,6 @@ class RedisSource:
             "lost_events_exact": self.lost_events_exact,
             "entries_read": self._entries_read,
         }
-
-    def _check_trimmed(self) -> None:
-        """Counts the entries trimmed before the group read them (class docstring)."""
-        transaction = self.client.pipeline(transaction=True)  # both of one moment
-        transaction.xinfo_groups(self.stream)
-        transaction.xinfo_stream(self.stream)
-        groups, stream = transaction.execute()
-        self._next_trim_check = time.monotonic() + self.trim_check_secs
-        group = next((g for g in groups if _text(g["name"]) == self.group), None)
-        if group is None:
-            return  # gone: XREADGROUP says so
-        delivered = _stream_id(group["last-delivered-id"])
-        first = stream["first-entry"]
-        # Entries after the last-delivered id can be missing only if the stream holds
-        # none at or before it.
-        behind = _stream_id(stream["last-generated-id"]) > delivered and (
-            not first or _stream_id(first[0]) > delivered
-        )
-        entries_read = _group_entries_read(group, stream, self._entries_read)
-        lost = 0
-        if entries_read is not None and self._entries_read is not None:
-            lost = max(0, entries_read - self._entries_read)  # skipped since the last check
-        if behind and entries_read is not None:
-            ahead = max(0, stream["entries-added"] - entries_read - stream["length"])
-            lost += ahead
-            entries_read += ahead  # what the group's counter says once it reads on
-        self._entries_read = entries_read
-        if lost:
-            self._report_lost(lost, "trimmed before the trainer read them")
-        elif behind and entries_read is None and delivered != (0, 0):
-            self.lost_events_exact = False
-            reason = (
-                "this Redis keeps no stream counters (Redis >= 7 does)"
-                if "entries-added" not in stream
-                else "the group's entries-read is unknown: entries deleted with XDEL, or "
-                "XGROUP SETID"
-            )
-            logging.warning(
-                "stream %r was trimmed past %s, the last entry the trainer's consumer "
-                "group read: entries added after it, if any, were trimmed before the "
-                "trainer read them, and cannot be counted (%s), so lost events leave "
-                "them out; %s",
-                self.stream,
-                _text(group["last-delivered-id"]),
-                reason,
-                _TRIMMED_ADVICE,
-            )
-
-    def _report_lost(self, count: int, how: str) -> None:
-        self.lost_events += count
-        logging.warning(
-            "%s entries of stream %r were %s: they are not trained (%s lost events in all); %s",
-            f"{count:,}",
-            self.stream,
-            how,
-            f"{self.lost_events:,}",
-            _TRIMMED_ADVICE,
-        )
 
     def _dead_letter(self, entry_id: str, flat: list, error: str) -> None:
         fields = dict(zip(flat[::2], flat[1::2], strict=True))
@@ -625,7 +330,7 @@ class RedisSource:
         entry_id = redis_entry_id(position)
         if not entry_id:
             return
-        last = _stream_id(entry_id)
+        last = stream_id(entry_id)
         done: list[str] = []
         # Whole replies at a time (each entry's id parsed only in a reply that the
         # position cuts, which a checkpoint's position never does).
@@ -633,7 +338,7 @@ class RedisSource:
             done += self._delivered.popleft()[1]
         if self._delivered:
             newest, ids = self._delivered[0]
-            cut = bisect.bisect_right(ids, last, key=_stream_id)
+            cut = bisect.bisect_right(ids, last, key=stream_id)
             if cut:
                 done += ids[:cut]
                 self._delivered[0] = (newest, ids[cut:])
@@ -651,7 +356,7 @@ class RedisSource:
                 "redis unavailable for XACK (%s); retried at the next commit",
                 redis_connection.error_text(error, self.client),
             )
-            self._delivered.appendleft((_stream_id(done[-1]), done))
+            self._delivered.appendleft((stream_id(done[-1]), done))
 
     def close(self) -> None:
         """Counts what was trimmed since the last check (so that the run's summary has

@@ -1,52 +1,11 @@
-"""Event sources for online training: Python iterables, tailed event files, Redis Streams.
-
-Each source hands out (user, item, timestamp) events in chunks (`EventChunk`) and says
-where it stands after each chunk (`position`, JSON-able). The trainer stores the
-position of the last trained chunk in its checkpoint, gives it back with `restore`
-after a restart, and calls `commit` with it once that checkpoint is durable. What
-that buys:
-
-- `IterableSource`: a re-iterable collection resumes after the events trained.
-- `DirectorySource`: append-only ``*.jsonl`` / ``*.csv`` files in a folder, read in
-  name order and tailed as they grow; the byte offsets are the position, so a restart
-  resumes exactly after the last checkpointed event. The position also recognises each
-  file (its size, a checksum of the bytes before its offset, its inode): a file
-  rewritten meanwhile (rotated by copy and truncate, replaced, shortened) is read again
-  from its start instead of being skipped to an offset that no longer means anything,
-  and a file rotated by rename is read to its end under its new name first.
-- `RedisSource` (in `redis_source`): a Redis stream read through a consumer group
-  (``XREADGROUP``). Entries are acknowledged (``XACK``) only by `commit`, so whatever
-  was delivered but not in a durable checkpoint stays pending and is delivered again
-  after a crash: at least once, nothing lost. Pending entries at or before the
-  checkpointed id (trained and checkpointed, but not yet acknowledged when the
-  trainer died) are acknowledged without training them twice; the entries after the
-  restored position that the group delivered since (pending, or acknowledged to a
-  newer checkpoint that could not be restored) are read again before new ones.
-  Connection failures are retried with back-off. Entries trimmed from the stream
-  (``MAXLEN``, ``XTRIM``) before the trainer read them are counted
-  (`RedisSource.lost_events`, exactly where the server keeps stream counters: Redis
-  >= 7) and reported in a warning.
-
-Every event goes through one conversion, `parse_event` (in `event_parsing`): user and
-item ids must be integers in [0, 2**63 - 1] (`MAX_ID`; negative int64 values are
-refused because the hash tables reserve two of them), timestamps any int64. An event
-that cannot become a training example (bad JSON, a missing field, a wrong type, NaN,
-an id out of range, a huge or undecodable text, a line longer than the read block)
-never stops training: it goes to a dead-letter sink (a JSON-lines file,
-`DeadLetterFile` in `dead_letters`, or a Redis stream) with its reason, and is
-acknowledged with the events around it. Dead letters are written once per event
-(keyed by the event's source id, so a restart that reads an event again does not
-record it twice), and their count is part of the position, so that it is checkpointed
-and restored with it: `dead_letters` is the total over restarts (and so is a Redis
-source's `lost_events`).
-"""
+"""`DirectorySource`: events from append-only event files in a folder, tailed (the
+package's docstring says what every source does)."""
 
 from __future__ import annotations
 
 import os
 import time
 import zlib
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -54,80 +13,15 @@ import tensorflow as tf
 from absl import logging
 
 from official.utils.misc import atomic
-from recommendation.online.dead_letters import DeadLetterFile
-from recommendation.online.event_parsing import (
+from recommendation.online.sources.dead_letters import DeadLetterFile
+from recommendation.online.sources.event_parsing import (
     EVENT_FILE_SUFFIXES,
     EventChunk,
     is_header,
-    parse_event,
     parse_line,
     plain_csv_events,
     plain_csv_runs,
 )
-
-
-def _chunk(events: list[tuple[int, int, int]], ids: list, position: Any) -> EventChunk:
-    columns = np.array(events, dtype=np.int64).reshape(-1, 3)
-    return EventChunk(columns[:, 0], columns[:, 1], columns[:, 2], ids, position)
-
-
-class IterableSource:
-    """Events from a Python iterable of ``(user, item, timestamp)`` tuples or dicts.
-
-    The position is ``{"consumed": events consumed, "dead_letters": count}``; after
-    `restore`, a re-iterable collection (list, array) skips that many. Malformed ones
-    go to `dead_letter` (without one, they raise).
-    """
-
-    def __init__(self, events: Iterable, dead_letter: DeadLetterFile | None = None) -> None:
-        self._events = events
-        self._iterator: Iterator | None = None
-        self.consumed = 0
-        self.dead_letters = 0
-        self.exhausted = False
-        self.dead_letter = dead_letter
-
-    def restore(self, position: dict | int | None) -> None:
-        """Resumes after `position` (also the bare count of earlier versions)."""
-        if isinstance(position, dict):
-            self.consumed, self.dead_letters = position["consumed"], position["dead_letters"]
-        else:
-            self.consumed, self.dead_letters = int(position or 0), 0
-        self._iterator = None
-
-    def commit(self, position: Any) -> None:
-        """Nothing to acknowledge: the position in the checkpoint is the commit."""
-
-    def read(self, max_events: int, timeout: float) -> EventChunk | None:
-        if self._iterator is None:
-            self._iterator = iter(self._events)
-            for _ in range(self.consumed):
-                next(self._iterator, None)
-        events, ids = [], []
-        while len(events) < max_events:
-            try:
-                record = next(self._iterator)
-            except StopIteration:
-                self.exhausted = True
-                break
-            self.consumed += 1
-            try:
-                event = parse_event(record)
-            except ValueError as error:
-                if self.dead_letter is None:
-                    raise
-                self.dead_letter.add(str(self.consumed - 1), record, str(error))
-                self.dead_letters += 1
-                continue
-            events.append(event)
-            ids.append(self.consumed - 1)
-        if not events and self.exhausted:
-            return None
-        return _chunk(events, ids, {"consumed": self.consumed, "dead_letters": self.dead_letters})
-
-    def close(self) -> None:
-        """Nothing to release."""
-
 
 # Bytes before a file's offset whose checksum a `DirectorySource` position keeps.
 FINGERPRINT_BYTES = 4096

@@ -33,7 +33,8 @@ import re
 
 import tensorflow as tf
 
-from recommendation.online import masks, step_stages
+from recommendation.online import step_stages
+from recommendation.online.tables import masks
 
 POLICIES = ("none", "lru", "lfu", "ttl")
 DEFAULT_HALF_LIFE_STEPS = 1000

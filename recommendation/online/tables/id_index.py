@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recommendation.online import masks
+from recommendation.online.tables import masks
 
 # Reserved keys of the int64 DenseHashTable; ids must not take these two values.
 EMPTY_KEY = -(2**63)

@@ -1,0 +1,2 @@
+"""What a trainer keeps: delta checkpoints beside the full ones, and the versioned
+SavedModel exports."""
