@@ -53,3 +53,19 @@ def test_a_test_asking_for_a_server_is_marked_integration():
     conftest.pytest_collection_modifyitems(items)
     marked = [["integration"], [], ["integration"], ["integration"]]
     assert [item.markers for item in items] == marked
+
+
+@pytest.mark.integration
+def test_the_suites_summary_is_the_last_thing_it_prints():
+    """TensorFlow's loading lines (CUDA, oneDNN, CPU features) come before any setting
+    is read; pytest captures the start of a session and printed them after its
+    summary. Loaded quietly (`quiet_loading`), nothing follows the summary."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "1", "tests/test_stat_utils.py"],
+        cwd=conftest.ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert result.returncode == 0 and " passed in " in lines[-1], lines[-10:]
