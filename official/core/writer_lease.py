@@ -172,7 +172,9 @@ def expiry(found: dict, expire_seconds: float) -> str:
     )
 
 
-def _folder_key(path: str) -> str:
+def folder_key(path: str) -> str:
+    """`path` spelt one way (normalised where local), so that two spellings of one
+    folder compare equal."""
     return os.path.normpath(path) if atomic.is_local(path) else path.rstrip("/")
 
 
@@ -239,7 +241,7 @@ class WriterLease:
     def acquire(self) -> None:
         """Takes the lease, or raises `ModelDirError` naming the live holder (or saying
         why the lease file cannot be written)."""
-        key = _folder_key(self.path)
+        key = folder_key(self.path)
         with _held_lock:
             if key in _held:
                 raise self._refusal(_held[key].record)
@@ -325,7 +327,7 @@ class WriterLease:
         if self._renewer is not None:
             self._renewer.join()
         with _held_lock:
-            _held.pop(_folder_key(self.path), None)
+            _held.pop(folder_key(self.path), None)
         try:
             with self._exclusive():
                 found = _read_lease(self.path)
@@ -397,9 +399,9 @@ def check_held(path: str) -> None:
     of a folder that is or holds `path` and another process has taken it over
     (nothing to check where this process holds no lease: a library user, a non-chief
     worker)."""
-    key = _folder_key(path)
+    key = folder_key(path)
     with _held_lock:
-        folders = [(_folder_key(lease.folder), lease) for lease in _held.values()]
+        folders = [(folder_key(lease.folder), lease) for lease in _held.values()]
     leases = [
         lease
         for folder, lease in folders

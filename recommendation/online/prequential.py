@@ -136,8 +136,9 @@ class IdCounts:
         counts these too."""
         unique, inverse, repeats = np.unique(ids, return_inverse=True, return_counts=True)
         exact = np.ones(len(unique), bool)
-        if self.max_ids is not None:
-            # Ids already held, and new ones (in id order) while there is room.
+        if self.max_ids is not None and self.size + len(unique) > self.max_ids:
+            # Ids already held, and new ones (in id order) while there is room (with
+            # room for all of them, they are all held: no lookup needed).
             new = self._find(unique) < 0
             exact = ~new | (np.cumsum(new) <= self.max_ids - self.size)
         held = unique[exact]

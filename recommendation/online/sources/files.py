@@ -81,6 +81,9 @@ class DirectorySource:
         self.exhausted = False  # a folder can always grow
         # file -> (offset of a long line, bytes of it scanned without finding its end)
         self._long_line_scan: dict[str, tuple[int, int]] = {}
+        # file -> (size, inode) as `_note_renamed` found it in this pass, for its read
+        # (taken once: a read again after a change looks again)
+        self._stats: dict[str, tuple[int, int | None]] = {}
 
     def restore(self, position: dict | None) -> None:
         """Resumes at `position` (also the positions of earlier versions: bare offsets,
@@ -111,6 +114,7 @@ class DirectorySource:
         while True:
             parts, ids = [], []  # (n, 3) arrays of events, and their ids
             names = self._files()
+            self._stats.clear()
             self._note_renamed(names)
             self._note_gone(names)
             for name in self._in_order(names):
@@ -155,10 +159,10 @@ class DirectorySource:
                 continue  # without an inode, only the bytes before the offset tell
             if name in listed:
                 try:
-                    _, inode = _size_and_inode(os.path.join(self.directory, name))
+                    self._stats[name] = _size_and_inode(os.path.join(self.directory, name))
                 except (tf.errors.NotFoundError, FileNotFoundError):
                     continue
-                if inode == seen["inode"]:
+                if self._stats[name][1] == seen["inode"]:
                     continue
             elif seen.get("gone"):
                 continue
@@ -245,9 +249,10 @@ class DirectorySource:
         """Reads up to `limit` events of file `name` into `parts` (and their ids);
         returns whether every complete line written to it so far is read."""
         offset, seen = self.offsets.get(name, 0), self.files.get(name, {})
-        path = os.path.join(self.directory, seen.get("renamed", name))
+        entry = seen.get("renamed", name)
+        path = os.path.join(self.directory, entry)
         try:
-            length, inode = _size_and_inode(path)
+            length, inode = self._stats.pop(entry, None) or _size_and_inode(path)
         except (tf.errors.NotFoundError, FileNotFoundError):
             if "renamed" not in seen:
                 return True  # removed since listed

@@ -28,7 +28,6 @@ MULTI, SET, EXEC): two trainers starting together cannot both win.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -53,10 +52,6 @@ def claim_key(stream: str, group: str) -> str:
     return f"{stream}:claim:{group}"
 
 
-def _folder(path: str) -> str:
-    return os.path.normpath(path) if "://" not in path else path.rstrip("/")
-
-
 class GroupClaim:
     """The claim of `group` on `stream` for the trainer of `model_dir` (`acquire`,
     `check`, `release`).
@@ -79,7 +74,7 @@ class GroupClaim:
     ) -> None:
         self.client, self.stream, self.group = client, stream, group
         self.key = claim_key(stream, group)
-        self.model_dir = _folder(model_dir)
+        self.model_dir = writer_lease.folder_key(model_dir)
         self.renew_seconds, self.expire_seconds = renew_seconds, expire_seconds
         self.record = writer_lease.holder_record("ncf-online", model_dir=self.model_dir)
         self._stop = threading.Event()
