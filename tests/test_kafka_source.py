@@ -10,7 +10,11 @@ import re
 import pytest
 from absl import logging
 
+pytest.importorskip("confluent_kafka", reason="the kafka extra (confluent-kafka) is missing")
+
+# isort: split
 from official.core import writer_lease
+from recommendation.online.sources import kafka_claim, kafka_messages, kafka_source
 from recommendation.online.sources.dead_letters import DeadLetterFile
 from recommendation.online.sources.group_claim import GroupClaimError
 from recommendation.online.sources.kafka_connection import (
@@ -18,10 +22,6 @@ from recommendation.online.sources.kafka_connection import (
     KafkaOptions,
     resolve,
 )
-
-kafka_source = pytest.importorskip("recommendation.online.sources.kafka_source")
-kafka_claim = pytest.importorskip("recommendation.online.sources.kafka_claim")
-kafka_messages = pytest.importorskip("recommendation.online.sources.kafka_messages")
 
 
 def _source(broker, tmp_path, topic: str = "events", **options) -> kafka_source.KafkaSource:
@@ -273,3 +273,25 @@ def test_two_trainers_claiming_at_once_are_ordered_by_the_log(kafka_broker):
     assert reads[0] is None and reads[1] is not None  # it wrote, then read its record void
     assert _claim(kafka_broker, "/models/c")._current()["token"] == first.record["token"]
     first.release()
+
+
+def test_the_password_comes_from_its_file_before_the_environment_and_needs_a_user(
+    tmp_path, monkeypatch
+):
+    said = _warnings(monkeypatch)
+    path = tmp_path / "pw"
+    path.write_text("from-the-file\n")
+    path.chmod(0o600)
+    environ = {"NCF_KAFKA_PASSWORD": "from-the-environment", "NCF_KAFKA_USERNAME": "u"}
+    access = resolve(KafkaOptions(servers="h:1", password_file=str(path)), environ)
+    assert (access.username, access.password) == ("u", "from-the-file")
+    assert said == [
+        f"NCF_KAFKA_PASSWORD is ignored: the password comes from --kafka_password_file {path}"
+    ]
+    assert "from-the-file" not in repr(access)
+    assert access.settings()["security.protocol"] == "SASL_PLAINTEXT"
+    with pytest.raises(KafkaAccessError, match="a Kafka password is given .* but no user"):
+        resolve(KafkaOptions(servers="h:1"), {"NCF_KAFKA_PASSWORD": "x"})
+    path.write_text("")
+    with pytest.raises(KafkaAccessError, match=f"--kafka_password_file {path} is empty"):
+        resolve(KafkaOptions(servers="h:1", password_file=str(path)), {})

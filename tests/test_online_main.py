@@ -560,6 +560,8 @@ def test_concepts_shared_with_ncf_main_are_its_flags():
         (["--row_learning_rate=0"], "--row_learning_rate must be a positive number"),
         (["--bias_terms=maybe"], "Non-boolean argument to boolean flag"),
         (["--redis_url=redis://h:1/0"], "give exactly one source"),
+        (["--kafka_servers=h:1"], "give exactly one source"),
+        (["--kafka_cert_file=c.pem"], "give --kafka_cert_file and --kafka_key_file together"),
         (["--checkpoint_every_secs=0"], "--checkpoint_every_secs must be a positive number"),
     ],
 )

@@ -1,6 +1,6 @@
-"""Where events come from (Python iterables, tailed event files, Redis Streams) and how
-they become batches: parsing, dead letters, the Redis connection and its group claim,
-the stream of batches.
+"""Where events come from (Python iterables, tailed event files, Redis Streams, Kafka
+topics) and how they become batches: parsing, dead letters, the Redis and Kafka
+connections (credentials' shared rules) and their group claims, the stream of batches.
 
 Each source hands out (user, item, timestamp) events in chunks (`EventChunk`) and says
 where it stands after each chunk (`position`, JSON-able). The trainer stores the
@@ -28,6 +28,17 @@ that buys:
   (``MAXLEN``, ``XTRIM``) before the trainer read them are counted
   (`RedisSource.lost_events`, exactly where the server keeps stream counters: Redis
   >= 7) and reported in a warning.
+- `KafkaSource` (in `kafka_source`): every partition of a Kafka topic assigned to the
+  trainer with the offset to read next (no group rebalancing; partitions added while
+  it runs are found from the topic's metadata). The position holds one next offset per
+  partition and the topic's id, so a restore reads exactly what the checkpoint does
+  not hold. `commit` commits the checkpoint's offsets as the consumer group's, for lag
+  tools only: the checkpoint is the truth. Events deleted by retention before the
+  trainer read them are counted exactly in `lost_events`; a topic deleted and created
+  again is said, read from its start, and its lost events uncounted
+  (`lost_events_exact`). librdkafka reconnects on its own, each outage said once. The
+  group is claimed in a claims topic (`kafka_claim`), as a Redis group is in a key
+  (`group_claim`).
 
 Every event goes through one conversion, `parse_event` (in `event_parsing`): user and
 item ids must be integers in [0, 2**63 - 1] (`MAX_ID`; negative int64 values are
@@ -35,12 +46,12 @@ refused because the hash tables reserve two of them), timestamps any int64. An e
 that cannot become a training example (bad JSON, a missing field, a wrong type, NaN,
 an id out of range, a huge or undecodable text, a line longer than the read block)
 never stops training: it goes to a dead-letter sink (a JSON-lines file,
-`DeadLetterFile` in `dead_letters`, or a Redis stream) with its reason, and is
-acknowledged with the events around it. Dead letters are written once per event
+`DeadLetterFile` in `dead_letters`, a Redis stream, or a Kafka topic) with its reason,
+and is acknowledged with the events around it. Dead letters are written once per event
 (keyed by the event's source id, so a restart that reads an event again does not
 record it twice), and their count is part of the position, so that it is checkpointed
 and restored with it: `dead_letters` is the total over restarts (and so is a Redis
-source's `lost_events`).
+source's, or a Kafka source's, `lost_events`).
 """
 
 from recommendation.online.sources.files import FINGERPRINT_BYTES, DirectorySource

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from recommendation.online.sources import kafka_connection
 from recommendation.online.sources.group_claim import Claim
@@ -71,6 +71,7 @@ class KafkaClaim(Claim):
         self._lock = threading.Lock()  # the renewer and `check` share the log's reader
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
+        self._admin: AdminClient | None = None
         self._read_to = 0  # the next offset of the log to read
         self._start: int | None = None  # the log's first offset when it was first read
         self._last_valid = -1  # the offset of the last valid record of our key
@@ -81,8 +82,9 @@ class KafkaClaim(Claim):
         if self._consumer is not None:
             return
         settings = self.access.settings(error_cb=kafka_connection.BrokerWatch(self.access))
-        admin = AdminClient(settings)
-        created = admin.create_topics([NewTopic(self.claims_topic, 1, -1)])[self.claims_topic]
+        self._admin = AdminClient(settings)
+        new = NewTopic(self.claims_topic, 1, -1)
+        created = self._admin.create_topics([new])[self.claims_topic]
         try:
             created.result(_WAIT_SECONDS)
         except KafkaException as error:
@@ -102,9 +104,11 @@ class KafkaClaim(Claim):
         """Reads the log through offset `through` (None: to its end now)."""
         self._open()
         if through is None:
-            _, end = self._consumer.get_watermark_offsets(
-                TopicPartition(self.claims_topic, 0), timeout=_WAIT_SECONDS, cached=False
-            )
+            # Asked apart from the reader: a broker answers one connection's requests
+            # in order, so the reader's would wait behind its own waiting fetch.
+            partition = TopicPartition(self.claims_topic, 0)
+            listed = self._admin.list_offsets({partition: OffsetSpec.latest()})[partition]
+            end = listed.result(_WAIT_SECONDS).offset
         else:
             end = through + 1
         deadline = time.monotonic() + _WAIT_SECONDS
@@ -113,7 +117,8 @@ class KafkaClaim(Claim):
                 raise KafkaException(
                     KafkaError(KafkaError._TIMED_OUT, f"{self.claims_topic} not read to {end}")
                 )
-            for message in self._consumer.consume(100, 0.5):
+            # As many as are missing: consume waits for its count or its timeout.
+            for message in self._consumer.consume(min(1000, end - self._read_to), 0.5):
                 if message.error() is None:
                     self._replay(message.offset(), message.key(), message.value())
 

@@ -288,10 +288,11 @@ def resolve(options: KafkaOptions, environ: Mapping[str, str] = os.environ) -> K
 
 
 class BrokerWatch:
-    """librdkafka's error callback (``error_cb``) of one client: an outage is said once
-    and counted (`outages`), its end said by `answered`; an error that retrying cannot
-    heal is kept (`refused`) for the reader to raise. Before the brokers first answered,
-    nothing is said: the error line at start-up says it.
+    """librdkafka's error callback (``error_cb``) of one client: an outage (every broker
+    down) is said once and counted (`outages`), its end said by `answered` (called on a
+    metadata request that succeeded); an error that retrying cannot heal is kept
+    (`refused`) for the reader to raise. Before the brokers first answered, nothing is
+    said: the error line at start-up says it.
 
     Args:
         access: The brokers (their errors' texts are scrubbed of its password).
@@ -302,23 +303,25 @@ class BrokerWatch:
         self.outages = 0
         self.down = False
         self.answered_once = False
-        self.last: Any = None  # the last error seen
+        self.last: Any = None  # the last error seen but "all brokers down", which says less
         self.refused: Any = None
 
     def __call__(self, error: Any) -> None:
-        self.last = error
         if error.name() in REFUSED or error.fatal():
             self.refused = self.refused or error
-        elif error.name() in UNREACHABLE and not self.down:
+        elif error.name() == "_ALL_BROKERS_DOWN":
+            # Once per fall: librdkafka says it again only after a broker came back,
+            # where each connection's failures (_TRANSPORT) come one per attempt.
+            if self.answered_once and not self.down:
+                self.outages += 1
+                logging.warning(
+                    "Kafka at %s unavailable (%s); reconnecting (said again once it answers)",
+                    self.access.servers,
+                    self.access.scrub((self.last or error).str()),
+                )
             self.down = True
-            if not self.answered_once:
-                return
-            self.outages += 1
-            logging.warning(
-                "Kafka at %s unavailable (%s); reconnecting (said again once it answers)",
-                self.access.servers,
-                self.access.scrub(error.str()),
-            )
+            return
+        self.last = error
 
     def answered(self) -> None:
         """A request succeeded: an outage, if one was said, is over."""

@@ -89,7 +89,9 @@ class DeadLetterTopic:
                 consumer.assign([TopicPartition(self.topic, partition, low)])
                 read_to = low
                 while read_to < high:
-                    for message in consumer.consume(1000, _WAIT_SECONDS) or [None]:
+                    # As many as are missing: consume waits for its count or its timeout.
+                    missing = min(1000, high - read_to)
+                    for message in consumer.consume(missing, _WAIT_SECONDS) or [None]:
                         if message is None:
                             raise KafkaException(
                                 KafkaError(KafkaError._TIMED_OUT, f"{self.topic} not read")

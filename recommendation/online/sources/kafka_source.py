@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 from absl import logging
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from recommendation.online.sources import kafka_connection
@@ -176,7 +183,6 @@ class KafkaSource:
         self._raise_if_refused()
         if not messages:
             return None
-        self.watch.answered()
         try:
             return self._parse(messages)
         except KafkaException as error:  # a dead letter not written: read them again
@@ -193,6 +199,7 @@ class KafkaSource:
         if self.watch.refused is not None:
             raise KafkaAccessError(
                 self.access.explain(self.watch.refused, f"reading topic {self.topic!r}")
+                + "; training stopped, and the same command resumes from the last checkpoint"
             )
 
     def _parse(self, messages: list) -> EventChunk:
@@ -233,7 +240,8 @@ class KafkaSource:
         and partitions (new ones are assigned)."""
         self._next_metadata = time.monotonic() + self.metadata_seconds
         try:
-            metadata = self._consumer.list_topics(self.topic, timeout=_REQUEST_SECONDS)
+            # Short: while the brokers are down, each try holds the training loop.
+            metadata = self._consumer.list_topics(self.topic, timeout=2.0)
         except KafkaException:
             return  # the error callback says the outage
         self.watch.answered()
@@ -256,8 +264,6 @@ class KafkaSource:
 
     def _topic_id(self) -> str | None:
         """The topic's id, or None where the broker keeps none (before Kafka 2.8)."""
-        from confluent_kafka import TopicCollection
-
         try:
             described = self._admin.describe_topics(TopicCollection([self.topic]))[self.topic]
             topic_id = described.result(_REQUEST_SECONDS).topic_id
@@ -353,9 +359,9 @@ class KafkaSource:
             TopicPartition(self.topic, int(p), offset)
             for p, offset in position.get("offsets", {}).items()
         ]
-        if self.claim is not None:
-            self.claim.check()  # another model's group now: commit nothing
         try:
+            if self.claim is not None:
+                self.claim.check()  # another model's group now: commit nothing
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as error:
             # Only lag tools read them: the next commit sets them.
