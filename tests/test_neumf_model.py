@@ -415,6 +415,56 @@ def test_lazy_adam_rows_read_and_write_each_row_once_with_the_formulas_values():
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("traced", ["eager", "entries known", "entries unknown"])
+def test_summed_rows_sum_each_distinct_row_once_and_leave_negative_indices_out(traced, monkeypatch):
+    """A lazy rule's input: distinct rows in order of first appearance with their
+    summed gradients, marked rows (-1) left out, the same in every way it runs; traced,
+    the sum is one XLA-compiled scatter into as many rows as there are entries, or into
+    their padded size where the step learns their count only when it runs (a
+    compilation per padded size, not per count)."""
+    monkeypatch.setattr(kernels, "COMPILE_MIN_ELEMENTS", 0)  # compile this small one
+    values = tf.constant([[1.0, 2.0], [9.0, 9.0], [0.5, 0.5], [3.0, -1.0], [7.0, 7.0]])
+    indices = tf.constant([3, -1, 1, 3, -1], tf.int64)
+
+    def rows_and_sums(values, indices):
+        return kernels.summed_rows(tf.IndexedSlices(values, indices))
+
+    specs = [tf.TensorSpec([None, 2]), tf.TensorSpec([None], tf.int64)]
+    run = {
+        "eager": rows_and_sums,
+        "entries known": tf.function(rows_and_sums),
+        "entries unknown": tf.function(rows_and_sums, input_signature=specs),
+    }[traced]
+    rows, sums = run(values, indices)
+    np.testing.assert_array_equal(rows, [3, 1])
+    np.testing.assert_array_equal(sums, [[4.0, 1.0], [0.5, 0.5]])
+    if traced != "eager":
+        graph_def = run.get_concrete_function(values, indices).graph.as_graph_def()
+        nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+        assert [n for n in nodes if n.attr["_XlaMustCompile"].b]
+
+
+def test_padded_sizes_are_four_an_octave_and_at_most_a_quarter_more():
+    counts = [0, 1, 4, 5, 9, 4096, 4097, 5000, 20480, 20481]
+    sizes = [int(kernels.padded_size(tf.constant(n))) for n in counts]
+    assert sizes == [0, 1, 4, 5, 10, 4096, 5120, 5120, 20480, 24576]
+
+
+def test_sgd_rows_read_and_write_each_row_once():
+    table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    gradient = tf.IndexedSlices(tf.constant([[1.0, 2.0], [1.0, 0.0], [5.0, 5.0]]), [2, 2, -1])
+
+    @tf.function(autograph=False)
+    def step():
+        optimizers.sgd_rows(gradient, table, tf.constant(0.5))
+
+    ops = [op.type for op in step.get_concrete_function().graph.get_operations()]
+    assert ops.count("ResourceGather") == 1 and ops.count("ResourceScatterUpdate") == 1
+    assert not [op for op in ops if op.startswith("ResourceScatter") and "Update" not in op]
+    step()
+    np.testing.assert_allclose(table.numpy(), [[1.0, 1.0], [2.0, 2.0], [2.0, 2.0]])
+
+
 def test_epoch_decay_holds_then_shrinks_once_per_epoch():
     params = _params(
         learning_rate=0.8, learning_rate_decay=0.5, decay_start_epoch=2, steps_per_epoch=3

@@ -53,14 +53,10 @@ def lazy_adam_rows(
     epsilon: float,
     step: tf.Tensor,
 ) -> None:
-    """One Adam step (number `step`, from 1) of the rows present in `gradient` and of
-    their moments; other rows keep their weights and moments. LazyAdam's update, and
-    hash-embedding rows' (`HashEmbedding.train_rows`)."""
-    rows, positions = tf.unique(gradient.indices)
-    width = tf.shape(gradient.values, out_type=tf.int64)[1]
-    grad = kernels.dense_gradient(
-        tf.IndexedSlices(gradient.values, positions, tf.stack([tf.size(rows, tf.int64), width]))
-    )
+    """One Adam step (number `step`, from 1) of the rows present in `gradient` (entries
+    of negative index left out) and of their moments; other rows keep their weights and
+    moments. LazyAdam's update, and hash-embedding rows' (`HashEmbedding.train_rows`)."""
+    rows, grad = kernels.summed_rows(gradient)
     alpha = learning_rate * tf.sqrt(1 - tf.pow(beta_2, step)) / (1 - tf.pow(beta_1, step))
     # Gathered from the tf.Variables (a ResourceGather): a dense read of a variable
     # that scatters write copies all of it first. Each row read once and written once:
@@ -80,20 +76,26 @@ def rowwise_adagrad_rows(
     learning_rate: tf.Tensor,
     epsilon: float,
 ) -> None:
-    """Row-wise Adagrad on the rows present in `gradient` (FBGEMM's and TorchRec's
+    """Row-wise Adagrad on the rows present in `gradient` (negative indices left out;
+    FBGEMM's and TorchRec's
     ``EXACT_ROWWISE_ADAGRAD``): each row's `accumulator` (one value a row, from 0)
     gains the mean of the row's squared gradient, and the row moves by the rate over
     its square root; other rows keep theirs. A row that has seen few gradients moves
     most: a new user's row learns from their first events."""
-    rows, positions = tf.unique(gradient.indices)
-    width = tf.shape(gradient.values, out_type=tf.int64)[1]
-    grad = kernels.dense_gradient(
-        tf.IndexedSlices(gradient.values, positions, tf.stack([tf.size(rows, tf.int64), width]))
-    )
+    rows, grad = kernels.summed_rows(gradient)
     summed = tf.gather(accumulator, rows) + tf.reduce_mean(tf.square(grad), 1, keepdims=True)
     new_rows = tf.gather(variable, rows) - learning_rate * grad / (tf.sqrt(summed) + epsilon)
     accumulator.scatter_update(tf.IndexedSlices(summed, rows))
     variable.scatter_update(tf.IndexedSlices(new_rows, rows))
+
+
+def sgd_rows(gradient: tf.IndexedSlices, variable: tf.Variable, learning_rate: tf.Tensor) -> None:
+    """Plain SGD on the rows present in `gradient` (negative indices left out), each
+    distinct row read once and written once."""
+    rows, grad = kernels.summed_rows(gradient)
+    variable.scatter_update(
+        tf.IndexedSlices(tf.gather(variable, rows) - learning_rate * grad, rows)
+    )
 
 
 def decayed_learning_rate(params: hyperparams.ModelParams, step: tf.Tensor) -> tf.Tensor:

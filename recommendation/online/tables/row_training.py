@@ -86,9 +86,11 @@ class RowTraining:
             values, indices = gradient.values, gradient.indices
             rows = indices * len(shards) + index  # the table's row numbers
             known = rows > 0  # the default row (0) is never trained
-            values, indices, rows = masks.keep(known, values, indices, rows)
             if note_changes:
-                self._note_changed(rows)
+                self._note_changed(masks.keep(known, rows))
+            # Marked rather than selected: the rules leave negative indices out after
+            # summing, so the gradient keeps the step's shape and is not copied.
+            indices = tf.where(known, indices, tf.constant(-1, indices.dtype))
             if optimizer is not inner:  # loss scaling: unscale, skip non-finite steps
                 values = values / tf.cast(optimizer.dynamic_scale, values.dtype)
             self._apply_rows(
@@ -119,7 +121,7 @@ class RowTraining:
                     gradient, variable, *moments, rate, ROW_ADAGRAD_EPSILON
                 )
             else:
-                variable.scatter_sub(tf.IndexedSlices(rate * gradient.values, gradient.indices))
+                optimizers.sgd_rows(gradient, variable, rate)
             return tf.constant(True)
 
         with tf.name_scope(step_stages.ROW_UPDATE):
