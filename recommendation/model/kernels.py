@@ -1,6 +1,7 @@
 """The training step's row kernels: gathers whose gradient is a scatter of rows, the
-first MLP layer computed from each table's rows once, and XLA compilation of them
-where a step is large enough to gain from it.
+first MLP layer computed from each table's rows once, each distinct row's summed
+gradient for a lazy row update, and XLA compilation of them where a step is large
+enough to gain from it.
 """
 
 from __future__ import annotations
