@@ -7,8 +7,10 @@ user's last interaction held out, 999 sampled evaluation negatives), publishes t
 other ratings into a stream in timestamp order, and measures
 
 - sustained throughput: events/s trained by ``online_main`` (4 negatives each) at
-  each boost level, the O0 run as the baseline (ratio), from the Redis stream or the
-  same events as a folder of CSV files (--sources); with --trees, the trainers of
+  each boost level, the O0 run as the baseline (ratio), from the Redis stream, the
+  same events in a Kafka topic (a tansu broker it starts, scripts/tansu_broker.py;
+  --kafka_partitions, keyed by user) or as a folder of CSV files (--sources), with
+  each source's rate to Redis's; with --trees, the trainers of
   other checkouts (another commit: ``git worktree add``) take turns with this one's
   in the same runs, and the first of them at O1 (or its first level) is the baseline;
   --variant adds runs of this checkout with more flags (nothing scored, another
@@ -74,12 +76,18 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plots  # noqa: E402  (sibling scripts)
 import replay_events  # noqa: E402
+import tansu_broker  # noqa: E402
 from online_runs import sustained_events_per_second  # noqa: E402
 
 from recommendation.data import movielens, preprocessing_cache
 from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.model import neumf_model
-from recommendation.online.sources import redis_connection, redis_entries  # noqa: E402
+from recommendation.online.sources import (  # noqa: E402
+    kafka_connection,
+    redis_connection,
+    redis_entries,
+)
+from recommendation.online.sources.kafka_connection import KafkaOptions  # noqa: E402
 from recommendation.online.sources.redis_connection import RedisOptions  # noqa: E402
 from recommendation.online.state import versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
@@ -119,8 +127,11 @@ flags.DEFINE_list(
 flags.DEFINE_list(
     "sources",
     ["redis"],
-    "Where the throughput runs read the training events: redis (the stream), folder "
-    "(the same events as CSV files, --events_dir), or both.",
+    "Where the throughput runs read the training events: redis (the stream), kafka (a "
+    "topic of a local tansu broker), folder (CSV files, --events_dir); any of them.",
+)
+flags.DEFINE_integer(
+    "kafka_partitions", 1, "Partitions of the kafka source's topic (events keyed by user)."
 )
 flags.DEFINE_multi_string(
     "variant",
@@ -237,11 +248,28 @@ def _redis(redis_url: str, stream: str) -> str:
     return f"--redis_url={redis_url} --stream={stream}"
 
 
+def _kafka(events: np.ndarray) -> tuple[tansu_broker.TansuBroker, str, float]:
+    """A started tansu broker holding `events` in topic ``train`` (--kafka_partitions,
+    keyed by user): the broker, the trainer's source flags, and the publication's
+    events/s (unpaced, every delivery confirmed)."""
+    try:
+        broker = tansu_broker.start_broker()
+    except tansu_broker.BrokerMissing as missing:
+        sys.exit(f"error: --sources kafka needs a broker: {missing}")
+    access = kafka_connection.resolve(KafkaOptions(servers=broker.servers), environ={})
+    replay_events.ensure_topic(access, "train", FLAGS.kafka_partitions)
+    start = time.perf_counter()
+    replay_events.replay(replay_events.KafkaPublisher(access, "train"), events, 0, chunk=5000)
+    rate = len(events) / (time.perf_counter() - start)
+    return broker, f"--kafka_servers={broker.servers} --kafka_topic=train", rate
+
+
 def _trainer(
     source: str, group: str, work_dir: str, *extra: str, tree: str = ROOT
 ) -> subprocess.Popen:
     """``online_main`` of the checkout at `tree` (its own modules first on the path),
-    reading `source`: ``--redis_url=... --stream=...`` or ``--events_dir=...``."""
+    reading `source`: ``--redis_url=... --stream=...``, ``--kafka_servers=...
+    --kafka_topic=...`` or ``--events_dir=...``."""
     folder = os.path.join(work_dir, group)
     log = open(os.path.join(work_dir, f"{group}.log"), "w")
     environment = {**os.environ, "PYTHONPATH": tree}
@@ -738,6 +766,10 @@ def _print_throughput(throughput: dict, full) -> None:
         runs = " (" + ", ".join(f"{x:,.0f}" for x in r["runs"]) + ")" if "runs" in r else ""
         label = f"{source} {name}"
         print(f"{label:36} | {r['events']:9,} | {r['rate']:18,.0f} | {ratio} | {r['load']}{runs}")
+    for (source, name), r in throughput.items():
+        redis_rate = throughput.get(("redis", name), {}).get("rate")
+        if source != "redis" and redis_rate:
+            print(f"{source} / redis, {name}: {r['rate'] / redis_rate:.2f}x")
     print()
 
 
@@ -831,6 +863,9 @@ def main(argv: list[str]) -> None:
     unknown = set(FLAGS.parts) - parts
     if unknown:
         sys.exit(f"error: unknown --parts {sorted(unknown)}")
+    unknown = set(FLAGS.sources) - {"redis", "kafka", "folder"}
+    if unknown:
+        sys.exit(f"error: unknown --sources {sorted(unknown)}: redis, kafka or folder")
     _trees()  # checks --trees before anything runs
     _check_capacity()
     if FLAGS.plot_dir:
@@ -843,6 +878,7 @@ def main(argv: list[str]) -> None:
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
     server, redis_url = _start_redis(work_dir)
     throughput, full, full_hr, fresh, clustered, capacity = {}, None, None, None, None, None
+    broker, published = None, {}
     try:
         start = time.perf_counter()
         replay_events.replay(
@@ -851,9 +887,12 @@ def main(argv: list[str]) -> None:
             rate=0,
             chunk=5000,
         )
-        publish = len(train_events) / (time.perf_counter() - start)
+        published["unpaced XADD, pipelined"] = len(train_events) / (time.perf_counter() - start)
         if "throughput" in FLAGS.parts:
             sources = {"redis": _redis(redis_url, "train")}
+            if "kafka" in FLAGS.sources:
+                broker, sources["kafka"], rate = _kafka(train_events)
+                published[f"Kafka, unpaced, {FLAGS.kafka_partitions} partition(s)"] = rate
             if "folder" in FLAGS.sources:
                 events_dir = os.path.join(work_dir, "events")
                 replay_events.replay(replay_events.DirectoryPublisher(events_dir), train_events, 0)
@@ -872,6 +911,8 @@ def main(argv: list[str]) -> None:
     finally:
         server.terminate()
         server.wait()
+        if broker is not None:
+            broker.kill()
     # The offline baseline is a ratio to the full pass's export: measured with it only.
     wanted = "offline" in FLAGS.parts and FLAGS.offline_epochs and full is not None
     offline = _offline(config, work_dir) if wanted else None
@@ -879,7 +920,9 @@ def main(argv: list[str]) -> None:
         f"\nOnline training benchmark: ML-1M, {len(train_events):,} training events "
         f"({data.num_users:,} users, {data.num_items:,} items), one evaluation hold-out per user"
     )
-    print(f"publication (unpaced XADD, pipelined): {publish:,.0f} events/s\n")
+    for how, rate in published.items():
+        print(f"publication ({how}): {rate:,.0f} events/s")
+    print()
     if throughput or full is not None:
         _print_throughput(throughput, full)
     if fresh is not None:
