@@ -1,6 +1,6 @@
 """Online training on a parameter-server cluster: rows split over devices (in one
 process), TF_CONFIG checks, and a loopback cluster of real processes (2 ps, 2
-workers, a real Redis) whose tasks are killed with SIGKILL in turn."""
+workers, a real Redis or Kafka broker) whose tasks are killed with SIGKILL in turn."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 from absl import logging as absl_logging
 from conftest import free_ports, run_module, the_error_line
+from test_online_kafka import _after, _committed, _Producer, _values
 from test_online_main import (
     MODEL,
     MODEL_FLAGS,
@@ -359,6 +360,61 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
         assert [int(count.replace(",", "")) for count in counts] == [size // 2, (size + 1) // 2]
         rows = _rows(table)
         assert np.all(np.any(rows[1:] != 0, axis=1))  # every id's row holds its values
+
+
+@pytest.mark.integration
+def test_a_chief_reading_kafka_killed_and_restarted_trains_each_event_after_its_offsets_once(
+    kafka_broker, tmp_path
+):
+    """The chief reads a topic of three partitions as ncf-online alone does: SIGKILLed
+    mid-stream and started again, it trains exactly the events after its checkpoint's
+    offsets, once each, and leaves the group's committed offsets at its last one."""
+    kafka_broker.create_topic("events", 3)
+    model_dir = tmp_path / "model"
+    flags = [
+        f"--kafka_servers={kafka_broker.servers}",
+        f"--model_dir={model_dir}",
+        "--checkpoint_every_steps=10",
+        "--checkpoint_every_secs=600",
+    ]
+    first_audit, second_audit = tmp_path / "first.txt", tmp_path / "second.txt"
+    tasks = _Cluster(tmp_path, free_ports(5))
+    try:
+        for kind in ("ps", "worker"):
+            for index in range(2):
+                tasks.start(kind, index)
+        producer = _Producer(kafka_broker, _values(_events(3000, seed=0)), rate=1000)
+        producer.start()
+        first, _ = tasks.trainer("first", *flags, f"--trained_events_log={first_audit}")
+        _wait_for(
+            lambda: len(_lines(first_audit)) >= 1000 and tf.train.latest_checkpoint(str(model_dir)),
+            what="training and a checkpoint",
+            process=first,
+        )
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        position = _restored(model_dir)[1].position
+        producer.join()
+        more = kafka_broker.produce("events", _values(_events(600, seed=1)))
+        second, out = tasks.trainer(
+            "second", *flags, f"--trained_events_log={second_audit}", "--idle_timeout_secs=3"
+        )
+        assert second.wait(timeout=240) == 0, open(tmp_path / "second.err").read()[-3000:]
+        text = open(out).read()
+    finally:
+        tasks.stop()
+
+    events = producer.ids + more
+    after = _after(events, position["offsets"])
+    first_trained, second_trained = _lines(first_audit), _lines(second_audit)
+    assert len(first_trained) < 3000  # it was killed in the middle
+    assert sorted(second_trained) == sorted(after) and len(set(second_trained)) == len(after)
+    assert set(events) - set(after) <= set(first_trained)
+    assert {i.split(":")[0] for i in second_trained} == {"0", "1", "2"}
+    assert "dead letters 0, lost events 0, reconnects 0" in text
+    final = _restored(model_dir)[1].position
+    assert final["offsets"] == _committed(kafka_broker, 3)
+    assert sum(final["offsets"].values()) == 3600
 
 
 @pytest.mark.integration
