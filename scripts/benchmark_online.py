@@ -18,7 +18,8 @@ other ratings into a stream in timestamp order, and measures
   the change (docs/benchmarks.md says how) and keep the ratio;
 - freshness: ratings replayed at --live_rate events/s while ``online_main`` runs with
   its default export cadence; for each export, the time from the publication of the
-  oldest rating it newly contains to the export's appearance. With --live_ids N the
+  oldest rating it newly contains to the export's appearance; once from each stream
+  among --sources (redis, kafka; Redis where there is none). With --live_ids N the
   trainer first trains a warm-up of N events of N new users (ids from 10,000,000,
   none of ML-1M's; each with an item drawn from the training ratings, by --seed), so
   that its user table holds N + 6,040 live ids while the timed replay runs;
@@ -128,10 +129,11 @@ flags.DEFINE_list(
     "sources",
     ["redis"],
     "Where the throughput runs read the training events: redis (the stream), kafka (a "
-    "topic of a local tansu broker), folder (CSV files, --events_dir); any of them.",
+    "topic of a local tansu broker), folder (CSV files, --events_dir); any of them. The "
+    "freshness run reads each stream among them (Redis where there is none).",
 )
 flags.DEFINE_integer(
-    "kafka_partitions", 1, "Partitions of the kafka source's topic (events keyed by user)."
+    "kafka_partitions", 1, "Partitions of the kafka source's topics (events keyed by user)."
 )
 flags.DEFINE_multi_string(
     "variant",
@@ -248,20 +250,23 @@ def _redis(redis_url: str, stream: str) -> str:
     return f"--redis_url={redis_url} --stream={stream}"
 
 
-def _kafka(events: np.ndarray) -> tuple[tansu_broker.TansuBroker, str, float]:
-    """A started tansu broker holding `events` in topic ``train`` (--kafka_partitions,
-    keyed by user): the broker, the trainer's source flags, and the publication's
-    events/s (unpaced, every delivery confirmed)."""
+def _start_broker() -> tansu_broker.TansuBroker:
     try:
-        broker = tansu_broker.start_broker()
+        return tansu_broker.start_broker()
     except tansu_broker.BrokerMissing as missing:
         sys.exit(f"error: --sources kafka needs a broker: {missing}")
+
+
+def _kafka(broker: tansu_broker.TansuBroker, events: np.ndarray) -> tuple[str, float]:
+    """`events` published to topic ``train`` of `broker` (--kafka_partitions, keyed by
+    user): the trainer's source flags, and the publication's events/s (unpaced, every
+    delivery confirmed)."""
     access = kafka_connection.resolve(KafkaOptions(servers=broker.servers), environ={})
     replay_events.ensure_topic(access, "train", FLAGS.kafka_partitions)
     start = time.perf_counter()
     replay_events.replay(replay_events.KafkaPublisher(access, "train"), events, 0, chunk=5000)
     rate = len(events) / (time.perf_counter() - start)
-    return broker, f"--kafka_servers={broker.servers} --kafka_topic=train", rate
+    return f"--kafka_servers={broker.servers} --kafka_topic=train", rate
 
 
 def _trainer(
@@ -548,7 +553,7 @@ class _ExportWatcher(threading.Thread):
                         position = versioned_export.read_info(path)["position"]
                     except (tf.errors.NotFoundError, FileNotFoundError):
                         continue  # already replaced by a newer one
-                    self.seen.append((time.time(), redis_entries.redis_entry_id(position)))
+                    self.seen.append((time.time(), position))
             time.sleep(0.02)
 
 
@@ -578,47 +583,99 @@ def _new_user_events(events: np.ndarray, count: int, seed: int) -> np.ndarray:
     return np.stack([users, items, timestamps], axis=1)
 
 
-def _entry_key(entry_id: str | bytes) -> tuple[int, int]:
-    """A Redis stream entry id as (milliseconds, sequence), which orders like the ids."""
-    milliseconds, _, sequence = (
-        entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ).partition("-")
-    return int(milliseconds), int(sequence or 0)
+class _LiveRedis:
+    """The freshness run's events in Redis stream ``live``: the trainer's flags, how many
+    warm-up events an export's position covers, and when the first event after a
+    position was published (its entry id's milliseconds: the server's clock at XADD)."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.client = _client(redis_url)
+        self.publisher = replay_events.RedisPublisher(self.client, "live")
+        self.flags = _redis(redis_url, "live")
+        self.name = "redis"
+        self._marks: list[tuple[tuple[int, int], int]] = []
+
+    def publish_warm_up(self, rows: np.ndarray) -> None:
+        """Publishes `rows` unpaced, noting the last entry id after each chunk."""
+
+        def mark(published: int) -> None:
+            last_id = self.client.xrevrange("live", count=1)[0][0]
+            self._marks.append((redis_entries.stream_id(last_id), published))
+
+        replay_events.replay(self.publisher, rows, rate=0, chunk=2000, on_chunk=mark)
+
+    def covered(self, position) -> int:
+        entry_id = redis_entries.redis_entry_id(position)
+        keys = [key for key, _ in self._marks]
+        index = bisect.bisect_right(keys, redis_entries.stream_id(entry_id)) if entry_id else 0
+        return self._marks[index - 1][1] if index else 0
+
+    def key(self, position):
+        return redis_entries.redis_entry_id(position)
+
+    def first_published_ms(self, previous, position) -> int:
+        del position  # the stream's order is the publication's
+        first_new = self.client.xrange("live", min=f"({self.key(previous)}", count=1)
+        return redis_entries.stream_id(first_new[0][0])[0]
 
 
-def _publish_marked(
-    client: redis.Redis, publisher: replay_events.RedisPublisher, rows: np.ndarray
-) -> list[tuple[tuple[int, int], int]]:
-    """Publishes `rows` unpaced; returns (last entry id, rows published) after each
-    chunk, which tells how many of them an export's position covers."""
-    marks = []
+class _LiveKafka:
+    """The freshness run's events in Kafka topic ``live`` (--kafka_partitions, keyed by
+    user, empty at the start): an export's position covers the sum of its offsets, and
+    the first event after a position was published at its message's timestamp (the
+    producer's clock at produce)."""
 
-    def mark(published: int) -> None:
-        last_id = client.xrevrange(publisher.stream, count=1)[0][0]
-        marks.append((_entry_key(last_id), published))
+    def __init__(self, broker: tansu_broker.TansuBroker) -> None:
+        self.access = kafka_connection.resolve(KafkaOptions(servers=broker.servers), environ={})
+        replay_events.ensure_topic(self.access, "live", FLAGS.kafka_partitions)
+        self.publisher = replay_events.KafkaPublisher(self.access, "live")
+        self.flags = f"--kafka_servers={broker.servers} --kafka_topic=live"
+        self.name = "kafka"
 
-    replay_events.replay(publisher, rows, rate=0, chunk=2000, on_chunk=mark)
-    return marks
+    def publish_warm_up(self, rows: np.ndarray) -> None:
+        replay_events.replay(self.publisher, rows, rate=0, chunk=5000)
+
+    def covered(self, position) -> int:
+        return sum(position["offsets"].values())
+
+    def key(self, position):
+        return tuple(sorted(position["offsets"].items()))
+
+    def first_published_ms(self, previous, position) -> int:
+        """The earliest timestamp of the first message after `previous` in each partition
+        that `position` moved on."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(self.access.settings(**{"group.id": "freshness"}))
+        times = []
+        try:
+            for partition, offset in position["offsets"].items():
+                start = previous["offsets"].get(partition, 0)
+                if offset > start:
+                    consumer.assign([TopicPartition("live", int(partition), start)])
+                    message = consumer.consume(1, 10)[0]
+                    times.append(message.timestamp()[1])
+        finally:
+            consumer.close()
+        return min(times)
 
 
 def _wait_for_warm_up(
     process: subprocess.Popen,
     watcher: _ExportWatcher,
-    marks: list[tuple[tuple[int, int], int]],
+    live: _LiveRedis | _LiveKafka,
+    total: int,
     whole: bool,
     log_path: str,
 ) -> float:
-    """Seconds until an export holds the whole warm-up (`whole`; else until the first
-    export). Exits with an error if the trainer stops first or its exports make no
-    progress for WARM_UP_STALL_SECONDS."""
-    keys = [key for key, _ in marks]
-    total = marks[-1][1]
+    """Seconds until an export holds the whole warm-up of `total` events (`whole`; else
+    until the first export). Exits with an error if the trainer stops first or its
+    exports make no progress for WARM_UP_STALL_SECONDS."""
     start = last_change = last_report = time.monotonic()
     last_position = None
     while True:
-        position = watcher.seen[-1][1] if watcher.seen else None
-        index = bisect.bisect_right(keys, _entry_key(position)) if position else 0
-        done = marks[index - 1][1] if index else 0
+        position = live.key(watcher.seen[-1][1]) if watcher.seen else None
+        done = live.covered(watcher.seen[-1][1]) if watcher.seen else 0
         if watcher.seen and (not whole or done == total):
             return time.monotonic() - start
         now = time.monotonic()
@@ -650,19 +707,18 @@ def _wait_for_warm_up(
         time.sleep(0.1)
 
 
-def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
-    """Replays at --live_rate and measures publication-to-export times, after a
-    warm-up of --live_ids new users (none: ML-1M's first events only)."""
-    client = _client(redis_url)
-    publisher = replay_events.RedisPublisher(client, "live")
+def _freshness(live: _LiveRedis | _LiveKafka, work_dir: str, events: np.ndarray) -> dict:
+    """Replays at --live_rate into `live` and measures publication-to-export times,
+    after a warm-up of --live_ids new users (none: ML-1M's first events only)."""
     warm_up = 5000
     rows = np.concatenate([_new_user_events(events, FLAGS.live_ids, FLAGS.seed), events[:warm_up]])
     start = time.perf_counter()
-    marks = _publish_marked(client, publisher, rows)
+    live.publish_warm_up(rows)
     logging.info(
         "warm-up: published %s events in %.1f s", f"{len(rows):,}", time.perf_counter() - start
     )
-    export_dir = os.path.join(work_dir, "live", "export")
+    group = f"live-{live.name}"
+    export_dir = os.path.join(work_dir, group, "export")
     watcher = _ExportWatcher(export_dir)
     watcher.start()
     capacity = (
@@ -670,19 +726,22 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
         if FLAGS.capacity is not None
         else []
     )
-    process = _trainer(
-        _redis(redis_url, "live"), "live", work_dir, f"--export_dir={export_dir}", *capacity
-    )
+    process = _trainer(live.flags, group, work_dir, f"--export_dir={export_dir}", *capacity)
     try:
         # started, traced, the warm-up trained (or, without live ids, a first export)
         warm_up_seconds = _wait_for_warm_up(
-            process, watcher, marks, FLAGS.live_ids > 0, os.path.join(work_dir, "live.log")
+            process,
+            watcher,
+            live,
+            len(rows),
+            FLAGS.live_ids > 0,
+            os.path.join(work_dir, f"{group}.log"),
         )
         load = _load()
         count = int(FLAGS.live_rate * FLAGS.live_seconds)
         live_start_ms = time.time() * 1000
         seconds = replay_events.replay(
-            publisher, events[warm_up : warm_up + count], FLAGS.live_rate, chunk=500
+            live.publisher, events[warm_up : warm_up + count], FLAGS.live_rate, chunk=500
         )
         time.sleep(6)  # let the last events reach an export
     finally:
@@ -693,15 +752,15 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
         watcher.join()
     delays, seen = [], []
     for (_, previous), (seen_at, position) in zip(watcher.seen, watcher.seen[1:], strict=False):
-        if not previous or position == previous:
+        if not live.key(previous) or live.key(position) == live.key(previous):
             continue
-        first_new = client.xrange("live", min=f"({previous}", count=1)
-        published_ms = int(first_new[0][0].split(b"-")[0])
+        published_ms = live.first_published_ms(previous, position)
         if published_ms >= live_start_ms:
             delays.append(seen_at - published_ms / 1000)
             seen.append(seen_at - live_start_ms / 1000)
-    summary = _summary(work_dir, "live")
+    summary = _summary(work_dir, group)
     return {
+        "source": live.name,
         "delays": np.array(delays),
         "seen": np.array(seen),  # each delay's export, seconds after the replay began
         "rate": count / seconds,
@@ -789,7 +848,8 @@ def _checkpoint_seconds(summary: dict) -> str:
 def _print_freshness(fresh: dict) -> None:
     delays, tables = fresh["delays"], fresh["tables"]
     print(
-        f"freshness: replay at {fresh['rate']:,.0f} events/s, exports every 2 s "
+        f"freshness from {fresh['source']}: replay at {fresh['rate']:,.0f} events/s, "
+        "exports every 2 s "
         f"(load average {fresh['load']}), stopped by {fresh['stopped_by']}"
     )
     new_users, warm_up_seconds = fresh["warm_up"]
@@ -811,12 +871,15 @@ def _print_freshness(fresh: dict) -> None:
 
 
 def _plot_freshness(fresh: dict, plot_dir: str, cpu: str) -> str:
-    """``freshness.png``: each export's publication-to-export delay at the time it
-    appeared, the export period dashed; `cpu`, the machine line, under it."""
+    """``freshness.png`` (from Redis; ``freshness-kafka.png`` from Kafka): each export's
+    publication-to-export delay at the time it appeared, the export period dashed;
+    `cpu`, the machine line, under it."""
     live = f", {fresh['warm_up'][0]:,} new users trained first" if fresh["warm_up"][0] else ""
+    name = "freshness.png" if fresh["source"] == "redis" else f"freshness-{fresh['source']}.png"
     return plots.line_chart(
-        os.path.join(plot_dir, "freshness.png"),
-        f"Freshness: replay at {fresh['rate']:,.0f} events/s{live}",
+        os.path.join(plot_dir, name),
+        f"Freshness from {fresh['source'].capitalize()}: replay at {fresh['rate']:,.0f} "
+        f"events/s{live}",
         "export seen, s after the replay began",
         "publication to export, s",
         {"each export": (fresh["seen"], fresh["delays"])},
@@ -877,8 +940,9 @@ def main(argv: list[str]) -> None:
     print(cpu)
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
     server, redis_url = _start_redis(work_dir)
-    throughput, full, full_hr, fresh, clustered, capacity = {}, None, None, None, None, None
-    broker, published = None, {}
+    throughput, full, full_hr, fresh, clustered, capacity = {}, None, None, [], None, None
+    broker = _start_broker() if "kafka" in FLAGS.sources else None
+    published = {}
     try:
         start = time.perf_counter()
         replay_events.replay(
@@ -891,7 +955,7 @@ def main(argv: list[str]) -> None:
         if "throughput" in FLAGS.parts:
             sources = {"redis": _redis(redis_url, "train")}
             if "kafka" in FLAGS.sources:
-                broker, sources["kafka"], rate = _kafka(train_events)
+                sources["kafka"], rate = _kafka(broker, train_events)
                 published[f"Kafka, unpaced, {FLAGS.kafka_partitions} partition(s)"] = rate
             if "folder" in FLAGS.sources:
                 events_dir = os.path.join(work_dir, "events")
@@ -903,7 +967,11 @@ def main(argv: list[str]) -> None:
             full = _full_pass(redis_url, work_dir)
             full_hr = _hit_rate(full[1], data, blocks)
         if "freshness" in FLAGS.parts:
-            fresh = _freshness(redis_url, work_dir, train_events)
+            # From each stream among --sources (Redis where there is none).
+            streams = [source for source in FLAGS.sources if source != "folder"] or ["redis"]
+            for source in streams:
+                live = _LiveRedis(redis_url) if source == "redis" else _LiveKafka(broker)
+                fresh.append(_freshness(live, work_dir, train_events))
         if "cluster" in FLAGS.parts:
             clustered = _cluster_runs(redis_url, work_dir, FLAGS.cluster_events)
         if "capacity" in FLAGS.parts:
@@ -925,10 +993,10 @@ def main(argv: list[str]) -> None:
     print()
     if throughput or full is not None:
         _print_throughput(throughput, full)
-    if fresh is not None:
-        _print_freshness(fresh)
+    for run in fresh:
+        _print_freshness(run)
         if FLAGS.plot_dir:
-            _plot_freshness(fresh, FLAGS.plot_dir, cpu)
+            _plot_freshness(run, FLAGS.plot_dir, cpu)
     if clustered is not None:
         _print_cluster(clustered)
     if capacity is not None:
