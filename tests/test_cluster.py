@@ -25,6 +25,8 @@ from test_online_main import (
     MODEL_FLAGS,
     _entry_key,
     _events,
+    _finish,
+    _kill_after_a_checkpoint,
     _lines,
     _Publisher,
     _stream_ids,
@@ -327,8 +329,7 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
         third, out = tasks.trainer(
             "third", *flags, f"--trained_events_log={audits[2]}", "--idle_timeout_secs=3"
         )
-        assert third.wait(timeout=240) == 0, open(tmp_path / "third.err").read()[-3000:]
-        text = open(out).read()
+        text = _finish(third, out, tmp_path, "third")
     finally:
         tasks.stop()
 
@@ -386,21 +387,14 @@ def test_a_chief_reading_kafka_killed_and_restarted_trains_each_event_after_its_
         producer = _Producer(kafka_broker, _values(_events(3000, seed=0)), rate=1000)
         producer.start()
         first, _ = tasks.trainer("first", *flags, f"--trained_events_log={first_audit}")
-        _wait_for(
-            lambda: len(_lines(first_audit)) >= 1000 and tf.train.latest_checkpoint(str(model_dir)),
-            what="training and a checkpoint",
-            process=first,
-        )
-        os.kill(first.pid, signal.SIGKILL)
-        first.wait()
+        _kill_after_a_checkpoint(first, first_audit, model_dir, 1000)
         position = _restored(model_dir)[1].position
         producer.join()
         more = kafka_broker.produce("events", _values(_events(600, seed=1)))
         second, out = tasks.trainer(
             "second", *flags, f"--trained_events_log={second_audit}", "--idle_timeout_secs=3"
         )
-        assert second.wait(timeout=240) == 0, open(tmp_path / "second.err").read()[-3000:]
-        text = open(out).read()
+        text = _finish(second, out, tmp_path, "second")
     finally:
         tasks.stop()
 

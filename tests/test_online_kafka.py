@@ -5,22 +5,20 @@ password never shown."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
 
 import pytest
-import tensorflow as tf
 from conftest import free_ports, the_error_line, throwaway_password
 from test_online_main import (
     CHECKPOINT_STEPS,
     _checkpoint_state,
     _events,
     _finish,
+    _kill_after_a_checkpoint,
     _lines,
     _start,
-    _wait_for,
 )
 
 
@@ -73,13 +71,7 @@ def test_kill_9_and_restart_train_every_event_of_every_partition_once(kafka_brok
     producer = _Producer(kafka_broker, _values(_events(4000, seed=0)), rate=1500)
     producer.start()
     first, _ = _start(tmp_path, "first", *flags, f"--trained_events_log={first_audit}")
-    _wait_for(
-        lambda: len(_lines(first_audit)) >= 1500 and tf.train.latest_checkpoint(str(model_dir)),
-        what="training and a checkpoint",
-        process=first,
-    )
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    _kill_after_a_checkpoint(first, first_audit, model_dir, 1500)
     _, step, _, position = _checkpoint_state(model_dir)
     producer.join()
     dead += kafka_broker.produce("events", [(1, b'{"user": 1}'), (2, b"x,1,1")])

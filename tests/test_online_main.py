@@ -124,6 +124,18 @@ def _lines(path) -> list[str]:
     return open(path).read().split() if os.path.exists(path) else []
 
 
+def _kill_after_a_checkpoint(process, audit, model_dir, events: int) -> None:
+    """SIGKILLs the trainer `process` once its trained-events log `audit` holds `events`
+    and `model_dir` a checkpoint: a kill in the middle of a stream."""
+    _wait_for(
+        lambda: len(_lines(audit)) >= events and tf.train.latest_checkpoint(str(model_dir)),
+        what="training and a checkpoint",
+        process=process,
+    )
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def _stream_ids(client) -> list[str]:
     return [entry_id.decode() for entry_id, _ in client.xrange("events")]
 
@@ -163,13 +175,7 @@ def test_kill_9_and_restart_trains_every_event_after_the_checkpoint_again(redis_
     publisher = _Publisher(redis_server, _events(4000, seed=0), rate=1500)
     publisher.start()
     first, _ = _start(tmp_path, "first", *flags, f"--trained_events_log={first_audit}")
-    _wait_for(
-        lambda: len(_lines(first_audit)) >= 1500 and tf.train.latest_checkpoint(str(model_dir)),
-        what="training and a checkpoint",
-        process=first,
-    )
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    _kill_after_a_checkpoint(first, first_audit, model_dir, 1500)
     checkpoint, step, digest, position = _checkpoint_state(model_dir)
     # A full checkpoint every 10 (the default), one every 10 steps, and at least 23
     # steps trained: it restores deltas.
