@@ -593,22 +593,26 @@ class _LiveRedis:
         self.publisher = replay_events.RedisPublisher(self.client, "live")
         self.flags = _redis(redis_url, "live")
         self.name = "redis"
-        self._marks: list[tuple[tuple[int, int], int]] = []
+        # After each chunk of the warm-up: the last entry id, and the events published.
+        self._last_ids: list[tuple[int, int]] = []
+        self._published: list[int] = []
 
     def publish_warm_up(self, rows: np.ndarray) -> None:
         """Publishes `rows` unpaced, noting the last entry id after each chunk."""
 
         def mark(published: int) -> None:
             last_id = self.client.xrevrange("live", count=1)[0][0]
-            self._marks.append((redis_entries.stream_id(last_id), published))
+            self._last_ids.append(redis_entries.stream_id(last_id))
+            self._published.append(published)
 
         replay_events.replay(self.publisher, rows, rate=0, chunk=2000, on_chunk=mark)
 
     def covered(self, position) -> int:
         entry_id = redis_entries.redis_entry_id(position)
-        keys = [key for key, _ in self._marks]
-        index = bisect.bisect_right(keys, redis_entries.stream_id(entry_id)) if entry_id else 0
-        return self._marks[index - 1][1] if index else 0
+        if not entry_id:
+            return 0
+        index = bisect.bisect_right(self._last_ids, redis_entries.stream_id(entry_id))
+        return self._published[index - 1] if index else 0
 
     def key(self, position):
         return redis_entries.redis_entry_id(position)
