@@ -352,8 +352,7 @@ def _replay_to_kafka(events: np.ndarray) -> tuple[float, str]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # redis_connection.parse_flags refuses arguments that are not flags
     try:
         events = load_events(FLAGS.ratings, file_format_for(FLAGS.ratings, FLAGS.file_format))
         events = events[FLAGS.skip :][: FLAGS.limit]
