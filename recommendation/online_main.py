@@ -97,7 +97,10 @@ class OnlineConfig:
         checkpoint_every_steps, checkpoint_every_secs: Checkpoint cadence.
         full_checkpoint_every: Every how many checkpoints one is full (the others are
             deltas, `delta_checkpoints`).
-        export_every_steps, export_every_secs: Export cadence.
+        export_every_steps, export_every_secs: Version cadence (also once the
+            publications since the last version add up to its size).
+        publish_every_secs: Publication cadence: what changed since the last one, for
+            servers to apply in place (`publishing`; 0: none).
         log_every_secs: Metric log cadence.
         max_events, max_seconds, idle_timeout_secs: Stop conditions (None: none).
         trained_events_log: Append the source id of every trained event here (audit).
@@ -139,7 +142,8 @@ class OnlineConfig:
     checkpoint_every_secs: float | None = 30.0
     full_checkpoint_every: int = 10
     export_every_steps: int | None = None
-    export_every_secs: float | None = 2.0
+    export_every_secs: float | None = 300.0
+    publish_every_secs: float = 0.5
     log_every_secs: float = 10.0
     max_events: int | None = None
     max_seconds: float | None = None
@@ -190,10 +194,10 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
         chosen.append(
             callbacks.ExportCallback(
                 config.export_dir,
-                online_ncf.serving,
                 config.export_every_steps,
                 config.export_every_secs,
                 config.keep_exports,
+                config.publish_every_secs or None,
             )
         )
     if config.max_events or config.max_seconds or config.idle_timeout_secs:
@@ -350,8 +354,25 @@ ONLINE_FLAGS = (
         "Every how many checkpoints one is full; the others hold only what changed (1: all full).",
         checks=(POSITIVE,),
     ),
-    FlagSpec("export_every_steps", "Export cadence.", checks=(POSITIVE_OR_UNSET,)),
-    FlagSpec("export_every_secs", "Export cadence.", checks=(POSITIVE_OR_UNSET,)),
+    FlagSpec(
+        "export_every_steps",
+        "Version cadence (a whole SavedModel; also once the publications since the last "
+        "add up to its size).",
+        checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec(
+        "export_every_secs",
+        "Version cadence (a whole SavedModel; also once the publications since the last "
+        "add up to its size).",
+        checks=(POSITIVE_OR_UNSET,),
+    ),
+    FlagSpec(
+        "publish_every_secs",
+        "Publish what changed since the last publication this often, beside the versions "
+        "in --export_dir, for ncf-serve to apply in place (0: none; servers then load "
+        "whole versions).",
+        checks=(NON_NEGATIVE,),
+    ),
     FlagSpec("log_every_secs", "Metric log cadence.", checks=(POSITIVE,)),
     FlagSpec("max_events", "Stop after this many events.", checks=(POSITIVE_OR_UNSET,)),
     FlagSpec("max_seconds", "Stop after this long.", checks=(POSITIVE_OR_UNSET,)),

@@ -11,6 +11,10 @@ a line): writes CSV rows ``user_id,rank,item_id,score[,title]``, atomically (its
 created if missing). Items the user rated in training are left out unless
 --noexclude_seen. Ids are the dataset's raw ids, as in its ratings file.
 
+--export_dir may also name what ncf-online exports: a version, or the folder of
+versions (its newest complete one). An online version ranks every item its model holds
+a row for; it keeps no history, so nothing is left out.
+
 Bad input (a missing or damaged export, an id that is no 64-bit integer, an --output
 that cannot be written) ends the command with one ``error:`` line naming it and the
 fix, and writes nothing.
@@ -90,20 +94,19 @@ class Recommender:
     """
 
     def __init__(self, export_dir: str) -> None:
+        newest = versioned_export.latest_export(export_dir)
+        if newest is not None and not tf.saved_model.contains_saved_model(export_dir):
+            export_dir = newest  # an ncf-online export base: its newest version
         signatures = export_files.load_export(export_dir).signatures
         if "recommend" not in signatures:
-            if tf.io.gfile.exists(os.path.join(export_dir, versioned_export.INFO_FILE)):
-                raise DataError(
-                    f"{export_dir} is a version of an ncf-online export, which only scores "
-                    "pairs (no 'recommend' signature); give --export_dir an export of "
-                    "ncf-main --export_dir or python -m recommendation.export"
-                )
             raise DataError(
-                f"{export_dir} has no 'recommend' signature; re-export it with "
-                "python -m recommendation.export"
+                f"{export_dir} has no 'recommend' signature; export it again with this "
+                "version of python -m recommendation.export or ncf-online"
             )
         self.export_dir = export_dir
         self._recommend = signatures["recommend"]
+        # An online version's: every item with a row ranked, no history to leave out.
+        self.online = "exclude_seen" not in self._recommend.structured_input_signature[1]
 
     def __call__(
         self, user_ids: np.ndarray, k: int, exclude_seen: bool = True, batch_size: int = 64
@@ -115,12 +118,20 @@ class Recommender:
         """
         item_ids, scores = [], []
         for start in range(0, len(user_ids), batch_size):
-            result = self._recommend(
-                user_id=tf.constant(user_ids[start : start + batch_size], tf.int64),
-                k=tf.constant(k, tf.int32),
-                exclude_seen=tf.constant(exclude_seen),
-            )
+            inputs = {
+                "user_id": tf.constant(user_ids[start : start + batch_size], tf.int64),
+                "k": tf.constant(k, tf.int32),
+            }
+            if not self.online:
+                inputs["exclude_seen"] = tf.constant(exclude_seen)
+            result = self._recommend(**inputs)
             unknown = user_ids[start : start + batch_size][~result["known"].numpy()]
+            if len(unknown) and self.online:
+                raise DataError(
+                    f"user id(s) {', '.join(map(str, unknown[:5]))} hold no row in the model "
+                    f"of {self.export_dir}: an online model holds the users it has trained on "
+                    "(and evicted none of)"
+                )
             if len(unknown):
                 raise DataError(
                     f"user id(s) {', '.join(map(str, unknown[:5]))} not in the training "

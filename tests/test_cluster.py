@@ -76,7 +76,7 @@ def _trained(shard_devices, folder, model_dir=None) -> tuple[dict, online_ncf.Re
     tf.keras.utils.set_random_seed(1)
     rec_model = online_ncf.build_rec_model(PARAMS, shard_devices=shard_devices)
     # Exports every 4 steps: the first one's tables are a fraction of the last's.
-    chosen = [callbacks.ExportCallback(str(folder), online_ncf.serving, every_steps=4, keep=1)]
+    chosen = [callbacks.ExportCallback(str(folder), every_steps=4, keep=1)]
     if model_dir:  # a full checkpoint every 3, deltas between
         chosen.append(callbacks.CheckpointCallback(model_dir, every_steps=4, full_every=3))
     summary = rec_model.online_train(_batches(44), chosen, sink_size=2)
@@ -84,7 +84,7 @@ def _trained(shard_devices, folder, model_dir=None) -> tuple[dict, online_ncf.Re
 
 
 def _rows(table) -> np.ndarray:
-    return np.asarray(table.serving_state().rows.read_value())
+    return table.live_rows()[1].numpy()
 
 
 def test_rows_split_over_three_devices_train_exactly_as_one_table(tmp_path):

@@ -83,7 +83,8 @@ def _state(rec_model) -> dict[str, np.ndarray]:
     for path, table in tables.items():
         end = int(table.size.numpy()) + 1
         for name, variable in table.row_variables().items():
-            state[f"{path}.{name}"] = variable.numpy()[:end]
+            if name != "written_at":  # not checkpointed: a publisher's bookkeeping
+                state[f"{path}.{name}"] = variable.numpy()[:end]
         keys = table.slot_keys.numpy()[1:end]
         state[f"{path}.lookup"] = table.lookup_slots(tf.constant(keys)).numpy()
         pending_keys, pending_values = (t.numpy() for t in id_index.live_entries(table._pending, 2))

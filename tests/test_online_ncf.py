@@ -8,8 +8,6 @@ rows are set by hand, so each score follows from a few products.
 
 from __future__ import annotations
 
-import re
-
 import keras
 import numpy as np
 import pytest
@@ -149,36 +147,6 @@ def test_a_config_round_trip_builds_the_same_hash_tables():
         assert isinstance(table, HashEmbedding) and table.capacity == capacity
         assert (table.permit_filter_value, table.evict_filter_value, table.max_norm) == (2, 3, 2.0)
     assert model.get_config()["user_capacity"] == 8 and "num_users" not in model.get_config()
-
-
-def test_a_serving_export_holds_the_index_and_live_rows_only(tmp_path):
-    """What a server loads: the tables' index and live rows (not their moments or
-    eviction state, nor the rows allocated ahead), scoring as the trained model does."""
-    params = online_ncf.OnlineParams(mf_dim=4, layers=(8, 4), user_capacity=2**40, bias_terms=True)
-    rec_model = online_ncf.build_rec_model(params)
-    batch = {
-        constants.USER_COLUMN: np.arange(1, 101, dtype=np.int64)[None],
-        constants.ITEM_COLUMN: (np.arange(100, dtype=np.int64) % 7)[None],
-        constants.TIME_COLUMN: np.zeros([1, 100], np.int64),
-    }
-    rec_model.train(1, [batch], dataset_sink_mode=False)
-    rec_model.trim_tables()
-    module, signatures = online_ncf.serving(rec_model)
-    tf.saved_model.save(module, str(tmp_path / "export"), signatures=signatures)
-    names = [
-        name
-        for name, _ in tf.train.list_variables(str(tmp_path / "export" / "variables" / "variables"))
-    ]
-    assert not [n for n in names if re.search("momentum|velocity|priority|last_seen|slot_keys", n)]
-    shapes = dict(tf.train.list_variables(str(tmp_path / "export" / "variables" / "variables")))
-    assert sorted(shape[0] for name, shape in shapes.items() if "rows" in name) == [8, 101]
-    served = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"]
-    users, items = tf.constant([1, 50, 10**6], tf.int64), tf.constant([3, 4, 5], tf.int64)
-    network = rec_model.network
-    expected = tf.sigmoid(
-        network.score_rows(network.user_embedding(users), network.item_embedding(items))
-    )
-    np.testing.assert_allclose(served(user_id=users, item_id=items)["scores"], expected, rtol=1e-6)
 
 
 def test_new_rows_start_near_zero():

@@ -20,8 +20,7 @@ from conftest import (
 
 from recommendation import recommend
 from recommendation.data.movielens import DataError
-from recommendation.online import online_ncf
-from recommendation.online.state import versioned_export
+from recommendation.online import callbacks, online_ncf
 from recommendation.serving import export_files
 
 
@@ -152,18 +151,34 @@ def test_a_damaged_export_ends_with_one_error_line_and_writes_nothing(
     assert sorted(os.listdir(tmp_path)) == ["export", "users.txt"]
 
 
-def test_an_online_export_version_is_told_apart(tmp_path):
+def test_an_online_export_recommends_from_its_newest_version(tmp_path):
+    """A folder of ncf-online versions recommends from its newest complete one; an online
+    version has no history (nothing is left out) and names a user it holds no row for."""
     params = online_ncf.OnlineParams(
         mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0), user_capacity=64, item_capacity=32
     )
-    module, signatures = online_ncf.serving(online_ncf.build_rec_model(params))
-    version = versioned_export.Exporter(str(tmp_path), module, signatures).export(1, {})
+    rec_model = online_ncf.build_rec_model(params)
+    batch = {
+        "user_id": np.array([[1, 2, 3]], np.int64),
+        "item_id": np.array([[10, 11, 12]], np.int64),
+        "timestamp": np.zeros([1, 3], np.int64),
+    }
+    rec_model.train(1, [batch], dataset_sink_mode=False)
+    export = callbacks.ExportCallback(str(tmp_path), every_steps=1)
+    export.set_rec_model(rec_model)
+    export.on_train_begin()
+    export.act()
+    export.wait()
+    (tmp_path / "7").mkdir()  # a version being written: not complete, not read
+    recommender = recommend.Recommender(str(tmp_path))
+    assert recommender.export_dir == export.exported[-1] and recommender.online
+    item_ids, scores = recommender(np.array([2], np.int64), k=5)  # k cut to the 3 items
+    assert sorted(item_ids[0].tolist()) == [10, 11, 12] and np.all(np.diff(scores[0]) <= 0)
     with pytest.raises(DataError) as raised:
-        recommend.Recommender(version)
+        recommender(np.array([2, 99], np.int64), k=5)
     assert str(raised.value) == (
-        f"{version} is a version of an ncf-online export, which only scores pairs (no "
-        "'recommend' signature); give --export_dir an export of ncf-main --export_dir or "
-        "python -m recommendation.export"
+        f"user id(s) 99 hold no row in the model of {export.exported[-1]}: an online model "
+        "holds the users it has trained on (and evicted none of)"
     )
 
 

@@ -5,8 +5,11 @@ trained events and a report of the restored state."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import json
 import time
+import uuid
 from collections.abc import Callable
 
 import numpy as np
@@ -18,8 +21,9 @@ from official.utils.logs.summaries import ScalarSummaries
 from official.utils.misc.write_failures import WriteFailures
 from recommendation.online.callback_base import Callback
 from recommendation.online.online_ncf import OnlineNeuMF
-from recommendation.online.rec_model import RecModel
-from recommendation.online.state import delta_checkpoints, versioned_export
+from recommendation.online.state import delta_checkpoints, publishing, versioned_export
+from recommendation.serving.online_version import OnlineVersion
+from recommendation.serving.publications import TABLES
 
 
 class _Schedule:
@@ -141,60 +145,146 @@ class CheckpointCallback(_Periodic):
         return path
 
 
-class ExportCallback(_Periodic):
-    """Exports a serving SavedModel every N steps or seconds and at the end, as the
-    next version of `export_base` (the step, or above the newest version already there:
-    `versioned_export.Exporter`), atomically, keeping the last `keep`.
+class ExportCallback(Callback):
+    """Exports a serving SavedModel (`OnlineVersion`) every N steps or seconds and at the
+    end, as the next version of `export_base` (the step, or above the newest version
+    already there: `versioned_export.Exporter`), atomically, keeping the last `keep`;
+    with `publish_every_seconds`, publishes what changed between versions that often
+    (`publishing.Publisher`), and a version once the publications since the last add
+    up to its size, so that a server starting late applies at most that much.
 
-    An export that cannot be written (a full disk, no permission) costs no training:
-    it is logged and counted (`failures`), nothing of it is listed or served, and the
-    next one is tried on schedule.
+    A version is copied from the model between sinks and written on a thread of its
+    own, one at a time (a version that comes due while one is written waits), so that
+    training goes on while it is written; with publications, the run's first version
+    is exported as training starts (the state its publications build on), and a
+    version is taken only once the publications before it are written. An export that
+    cannot be written (a full disk, no permission) costs no training: it is logged and
+    counted (`failures`), nothing of it is listed or served, and the next one is tried
+    on schedule; a publication likewise (`Publisher`).
 
     Args:
         export_base: Folder of versions.
-        serving: ``rec_model -> (module, signatures)``: what to save; a module's
-            ``refresh()``, if it has one, runs before each export.
-        every_steps, every_seconds: Export cadence.
-        keep: Versions kept.
+        every_steps, every_seconds: Version cadence.
+        keep: Versions kept (and the publications after the oldest of them).
+        publish_every_seconds: Publication cadence (None: no publications).
     """
 
     def __init__(
         self,
         export_base: str,
-        serving: Callable[[RecModel], tuple[tf.Module, dict]],
         every_steps: int | None = None,
         every_seconds: float | None = None,
         keep: int = 3,
+        publish_every_seconds: float | None = None,
     ) -> None:
-        super().__init__(every_steps, every_seconds)
-        self.export_base, self.serving, self.keep = export_base, serving, keep
-        self._exporter: versioned_export.Exporter | None = None
+        super().__init__()
+        self.schedule = _Schedule(every_steps, every_seconds)
+        self.publishing = _Schedule(None, publish_every_seconds) if publish_every_seconds else None
+        self.export_base, self.keep = export_base, keep
+        self.run = uuid.uuid4().hex[:12]
+        self.publisher: publishing.Publisher | None = None
         self.exported: list[str] = []
-        self.seconds: list[float] = []  # of each export written
+        self.seconds: list[float] = []  # of each export, from its copy to its last file
+        self.copy_seconds: list[float] = []  # of each export's copy (training waits)
         self.failures = WriteFailures("the export", export_base, "--export_dir")
+        self._version: OnlineVersion | None = None
+        self._exporter: versioned_export.Exporter | None = None
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, "ncf-export")
+        self._writing: concurrent.futures.Future | None = None
+        # The publisher's bytes when the last version was copied, and that version's.
+        self._chain_start, self._version_bytes = 0, None
 
-    def act(self) -> str | None:
-        """Exports the current model now; returns its folder (None: it failed)."""
+    def on_train_begin(self, logs=None) -> None:
+        step = int(self.rec_model.step.numpy())
+        self.schedule.mark(step)
+        if self.publishing:
+            self.publishing.mark(step)
+        config = json.loads(json.dumps(self.rec_model.network.get_config()))
+        self._version = OnlineVersion(config)
+        self._exporter = versioned_export.Exporter(
+            self.export_base, self._version, self._version.signatures(), self.keep
+        )
+        if self.publishing:
+            self.act()  # the state this run's publications build on
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self._on_schedule(batch)
+
+    def on_idle(self, logs=None) -> None:
+        self._on_schedule(int(self.rec_model.step.numpy()))
+
+    def on_train_end(self, logs=None) -> None:
+        try:
+            self.wait()
+            if int(self.rec_model.step.numpy()) > self.schedule.last_step:
+                self.act()
+            self.wait()
+        finally:
+            if self.publisher is not None:
+                self.publisher.close()
+            self._writer.shutdown()
+
+    def _on_schedule(self, step: int) -> None:
+        writing = self._writing is not None and not self._writing.done()
+        if not writing:
+            self.wait()  # its errors (a lease taken over) stop training
+        if not writing and (self.schedule.due(step) or self._chain_outgrew_version()):
+            self.act()
+        elif self.publisher is not None and self.publishing.due(step):
+            self.rec_model.finish_steps()
+            self.publisher.publish(step, self.rec_model.position)
+            self.publishing.mark(step)
+
+    def _chain_outgrew_version(self) -> bool:
+        if self.publisher is None or self._version_bytes is None:
+            return False
+        return self.publisher.bytes_written - self._chain_start >= self._version_bytes
+
+    def act(self) -> bool:
+        """Copies the model into the next version and starts writing it (after the
+        publications before it, if any, are written); returns whether it did."""
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
         self.schedule.mark(step)
+        rec_model.finish_steps()
+        if self.publisher is not None and not self.publisher.flush(step, rec_model.position):
+            return False  # the next version tries again: its chain must be whole
         start = time.perf_counter()
-        rec_model.trim_tables()
-        if self._exporter is None:  # traced and saved once; later only the values
-            module, signatures = self.serving(rec_model)
-            self._exporter = versioned_export.Exporter(
-                self.export_base, module, signatures, self.keep
+        self._version.copy_from(rec_model.network)
+        self.copy_seconds.append(time.perf_counter() - start)
+        version = self._version
+        if self.publishing and self.publisher is None:
+            keys = {name: getattr(version, name).keys.numpy() for name in TABLES}
+            self.publisher = publishing.Publisher(
+                self.export_base, self.run, rec_model.network, keys
             )
-        refresh = getattr(self._exporter.module, "refresh", None)
-        if refresh is not None:  # copies of what it saves (sharded rows gathered)
-            refresh()
+        info = {"step": step, "position": rec_model.position, "model": version.config}
+        if self.publisher is not None:
+            info.update(run=self.run, publication=self.publisher.durable_seq)
+            self._chain_start = self.publisher.bytes_written
+        self._version_bytes = sum(
+            (int(getattr(version, name).size.numpy()) + 1)
+            * (8 + 4 * int(getattr(version, name).rows.shape[1]))
+            for name in TABLES
+        )
+        self._writing = self._writer.submit(self._write_version, step, info, start)
+        return True
+
+    def _write_version(self, step: int, info: dict, start: float) -> None:
+        """On the export thread: the version's indexes, then its files."""
         with self.failures.guard():
-            path = self._exporter.export(step, {"step": step, "position": rec_model.position})
+            self._version.reindex()
+            path = self._exporter.export(step, info)
             self.exported.append(path)
             self.seconds.append(time.perf_counter() - start)
             logging.info("exported %s", path)
-            return path
-        return None
+
+    def wait(self) -> None:
+        """Waits for the version being written; raises what stopped it (a lease taken
+        over), not a failed write (`failures`)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
 
 
 # The steady rate leaves out this much of a run's start (start-up, the first sink's

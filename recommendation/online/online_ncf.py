@@ -72,6 +72,10 @@ class OnlineParams:
     bias_terms: bool = True
 
 
+# Scored events per block of `score_candidates`: its per-pair tensors stay a few MB
+# (all of a sink's at once took about 60 MB of peak memory, for no speed).
+SCORING_BLOCK = 256
+
 # A new row starts at U(-0.004, 0.004): near zero, so that until its id has been
 # trained its random part does not swamp what the item's row and the layers know (a
 # cold user is ranked by the items' popularity). Selected on the ML-100K stream, the
@@ -220,41 +224,60 @@ class OnlineNeuMF(network.NeuMF):
         """Logits (float32, `(n, m)`) of each of `users` (raw ids, `(n,)`) with each of
         its candidates, ``items[positions]`` (`items`: distinct raw item ids, `(d,)`;
         `positions`: `(n, m)` int32), by the model as it is: nothing is admitted, and
-        ids without a row score with the default row.
+        ids without a row score with the default row (`score_row_candidates`)."""
+        with tf.name_scope(step_stages.PREQUENTIAL):
+            return self.score_row_candidates(
+                self.user_embedding(users, training=False),
+                self.item_embedding(items, training=False),
+                positions,
+            )
+
+    def score_row_candidates(
+        self,
+        user: tf.Tensor,
+        rows: tf.Tensor,
+        positions: tf.Tensor,
+        block_users: tf.Tensor | int = SCORING_BLOCK,
+    ) -> tf.Tensor:
+        """Logits (float32, `(n, m)`) of looked-up user rows `(n, width)` with their
+        candidates ``rows[positions]`` (`rows`: `(d, width)` item rows; `positions`:
+        `(n, m)` int32), `block_users` users at a time (their per-pair tensors are
+        `block_users * m` rows): what `score_candidates` and a served version's
+        ``recommend`` score.
 
         The logit layer is linear, so the GMF share is a product of the user's weighted
         row with each candidate's; the first MLP layer is a user term plus an item term
         (`network.NeuMF._first_layer_term`), each user's once and each distinct item's
         once; only the layers above it run per pair.
         """
-        with tf.name_scope(step_stages.PREQUENTIAL):
-            user, user_bias = self.split_bias(self.user_embedding(users, training=False))
-            rows, item_bias = self.split_bias(self.item_embedding(items, training=False))
-            kernel = tf.cast(self.logit.kernel[:, 0], self.compute_dtype)
-            gmf = self.gmf_width
-            # Each user's and each item's share: the GMF weights on the user's side, the
-            # first MLP layer's terms (or, without one, each half's logit share).
-            user_parts, item_parts = [user[:, :gmf] * kernel[:gmf]], [rows[:, :gmf]]
-            if self.mlp:
-                user_parts.append(self._first_layer_term(user[:, gmf:], 0))
-                item_parts.append(self._first_layer_term(rows[:, gmf:], 1))
-            elif self.mlp_width:  # the MLP halves feed the logit directly
-                half = self.mlp_width
-                user_parts.append(user[:, gmf:] @ kernel[gmf : gmf + half, None])
-                item_parts.append(rows[:, gmf:] @ kernel[gmf + half :, None])
-            logits = _in_blocks(
-                lambda start, end: self._pair_logits(
-                    [part[start:end] for part in user_parts],
-                    item_parts,
-                    positions[start:end],
-                    kernel[gmf:],
-                ),
-                tf.shape(users)[0],
-            )
-            if user_bias is None:
-                return logits
-            biases = user_bias[:, None] + tf.gather(item_bias, positions)
-            return logits + tf.cast(biases, tf.float32)
+        user, user_bias = self.split_bias(user)
+        rows, item_bias = self.split_bias(rows)
+        kernel = tf.cast(self.logit.kernel[:, 0], self.compute_dtype)
+        gmf = self.gmf_width
+        # Each user's and each item's share: the GMF weights on the user's side, the
+        # first MLP layer's terms (or, without one, each half's logit share).
+        user_parts, item_parts = [user[:, :gmf] * kernel[:gmf]], [rows[:, :gmf]]
+        if self.mlp:
+            user_parts.append(self._first_layer_term(user[:, gmf:], 0))
+            item_parts.append(self._first_layer_term(rows[:, gmf:], 1))
+        elif self.mlp_width:  # the MLP halves feed the logit directly
+            half = self.mlp_width
+            user_parts.append(user[:, gmf:] @ kernel[gmf : gmf + half, None])
+            item_parts.append(rows[:, gmf:] @ kernel[gmf + half :, None])
+        logits = _in_blocks(
+            lambda start, end: self._pair_logits(
+                [part[start:end] for part in user_parts],
+                item_parts,
+                positions[start:end],
+                kernel[gmf:],
+            ),
+            tf.shape(user)[0],
+            block_users,
+        )
+        if user_bias is None:
+            return logits
+        biases = user_bias[:, None] + tf.gather(item_bias, positions)
+        return logits + tf.cast(biases, tf.float32)
 
     def _pair_logits(self, user_parts, item_parts, positions, mlp_kernel) -> tf.Tensor:
         """`(n, m)` float32 logits of `n` users' shares with their candidates' (the
@@ -307,19 +330,14 @@ class OnlineNeuMF(network.NeuMF):
         return None if table.evict_filter_value is not None else str(table.policy)
 
 
-# Scored events per block of `score_candidates`: its per-pair tensors stay a few MB
-# (all of a sink's at once took about 60 MB of peak memory, for no speed).
-SCORING_BLOCK = 256
-
-
-def _in_blocks(logits_of: Callable, count: tf.Tensor) -> tf.Tensor:
-    """``logits_of(start, end)`` over [0, `count`) in blocks of `SCORING_BLOCK` rows
-    (one block when there are none), concatenated."""
-    blocks = tf.maximum(1, (count + SCORING_BLOCK - 1) // SCORING_BLOCK)
+def _in_blocks(logits_of: Callable, count: tf.Tensor, block_rows: tf.Tensor | int) -> tf.Tensor:
+    """``logits_of(start, end)`` over [0, `count`) in blocks of `block_rows` rows (one
+    block when there are none), concatenated."""
+    blocks = tf.maximum(1, (count + block_rows - 1) // block_rows)
 
     def block(index, done):
-        start = index * SCORING_BLOCK
-        end = tf.minimum(start + SCORING_BLOCK, count)
+        start = index * block_rows
+        end = tf.minimum(start + block_rows, count)
         return index + 1, done.write(index, logits_of(start, end))
 
     done = tf.TensorArray(tf.float32, size=blocks, infer_shape=False)
@@ -368,6 +386,15 @@ def build_online_model(
     return model
 
 
+def network_from_config(config: dict) -> OnlineNeuMF:
+    """An OnlineNeuMF of `config` (`OnlineNeuMF.get_config`, as a served version keeps
+    it) with its variables created, nothing admitted: what a server builds its scoring
+    from."""
+    model = OnlineNeuMF.from_config(config)
+    model(model.resolve(_probe_batch([0]), training=False))
+    return model
+
+
 def build_rec_model(
     params: OnlineParams,
     amp_level: str = "O0",
@@ -399,45 +426,3 @@ def build_rec_model(
         # Two steps a worker: one running, one sent, so that none waits for the next.
         rec_model.distribute(connection.coordinator, 2 * connection.num_workers)
     return rec_model
-
-
-def serving(rec_model: RecModel) -> tuple[tf.Module, dict]:
-    """What each serving version holds (`callbacks.ExportCallback` writes it with
-    `versioned_export`, which knows no model): ``serving_default(user_id, item_id)``
-    (int64 raw ids, `(n,)`) -> ``{"scores": (n,) probabilities}``; unknown ids score
-    with the default rows."""
-    network = rec_model.network
-
-    class Serving(tf.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            # The layers, not the Keras model: saving a model adds Keras' own default
-            # signature, traced with float inputs. Of the tables, only what lookups read
-            # (not their moments or eviction state).
-            self.tables = [
-                network.user_embedding.serving_state(),
-                network.item_embedding.serving_state(),
-            ]
-            self.layers = [network.gmf, *network.mlp, network.logit]
-
-        def refresh(self) -> None:
-            """Before each export: the tables' serving copies brought up to date."""
-            tables = (network.user_embedding, network.item_embedding)
-            for table, state in zip(tables, self.tables, strict=True):
-                table.refresh_serving_state(state)
-
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec([None], tf.int64, constants.USER_COLUMN),
-                tf.TensorSpec([None], tf.int64, constants.ITEM_COLUMN),
-            ],
-            autograph=False,
-        )
-        def serve(self, user_id, item_id):
-            user = network.user_embedding.serving_rows(self.tables[0], user_id)
-            item = network.item_embedding.serving_rows(self.tables[1], item_id)
-            logits = tf.cast(network.score_rows(user, item), tf.float32)
-            return {"scores": tf.sigmoid(logits)}
-
-    module = Serving()
-    return module, {"serving_default": module.serve}

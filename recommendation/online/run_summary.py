@@ -31,9 +31,11 @@ def outputs(chosen: list[Callback]) -> dict:
     """The summary's tables (`TableWatch.counts`), the prequential protocol's numbers
     (`PrequentialEvaluation.results`; None without one), the count and mean seconds
     and bytes of the full checkpoints, of the deltas and of the exports (None: none
-    made), and the side writes that failed."""
+    made), the publications' count, mean rows and seconds, and the side writes that
+    failed."""
     found = {type(callback): callback for callback in chosen}
     export = found.get(callbacks.ExportCallback)
+    publisher = export.publisher if export else None
     checkpoint = found[callbacks.CheckpointCallback]
     evaluation = found.get(PrequentialEvaluation)
 
@@ -52,7 +54,16 @@ def outputs(chosen: list[Callback]) -> dict:
             for kind in ("full", "delta")
         },
         "export_seconds": mean(export.seconds) if export else None,
+        "export_copy_seconds": mean(export.copy_seconds) if export else None,
         "failed_exports": export.failures.count if export else 0,
+        "publications": {
+            "count": len(publisher.rows),
+            "rows": mean(publisher.rows),
+            "seconds": mean(publisher.seconds),
+        }
+        if publisher
+        else None,
+        "failed_publications": publisher.failures.count if publisher else 0,
         "failed_tensorboard_writes": found[callbacks.MetricLogger].summaries.failures.count,
     }
 
@@ -130,6 +141,7 @@ def _tables_and_failures(summary: dict) -> str:
     ]
     for key, what in (
         ("failed_exports", "exports"),
+        ("failed_publications", "publications"),
         ("failed_tensorboard_writes", "TensorBoard writes"),
     ):
         if summary[key]:

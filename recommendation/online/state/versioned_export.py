@@ -24,9 +24,13 @@ exporter writes to a folder at a time: ncf-online holds its lease
 (`writer_lease.hold_export`), and an exporter whose lease was taken over writes nothing
 more there.
 
+The publications of a run's changes between versions (`serving.publications`) live
+beside the versions, in ``publications/``, and go with them: once a version is
+written, the publications that no kept version needs are deleted.
+
 (ncf-main's one-off SavedModel and ONNX export of a trained model is
-`recommendation/export.py`; this module knows no model: `online_ncf.serving` says what
-a version holds.)
+`recommendation/export.py`; this module knows no model: `serving.online_version` says
+what a version holds.)
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import tensorflow as tf
 
 from official.core import writer_lease
 from official.utils.misc import atomic
+from recommendation.serving import publications
 
 INFO_FILE = "export_info.json"
 # Written last, in this order, on gs:// (`atomic.replace_folder`): a version whose info
@@ -141,7 +146,19 @@ class Exporter:
         # time): on gs://, a version it was copying into place or deleting.
         for old in sorted(set(numbered) - set(complete[-self.keep :])):
             atomic.remove_folder(os.path.join(self.export_base, str(old)), markers=MARKERS)
+        self._prune_publications(complete[-self.keep :])
         return final
+
+    def _prune_publications(self, kept: list[int]) -> None:
+        """Deletes the publications no kept version needs: those at or before the
+        oldest kept version of their run, and those of runs with no version kept."""
+        needed: dict[str, int] = {}
+        for version in kept:
+            info = read_info(os.path.join(self.export_base, str(version)))
+            if "run" in info:
+                first = info["publication"] + 1
+                needed[info["run"]] = min(needed.get(info["run"], first), first)
+        publications.prune(self.export_base, needed)
 
 
 def _graph_files(saved_model_dir: str) -> dict[str, bytes]:

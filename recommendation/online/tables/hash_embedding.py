@@ -200,8 +200,10 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
         self.slot_keys = _growing(tf.zeros([1], dtype), "slot_keys")
         self.priority = _growing(tf.zeros([1], tf.float64), "priority")
         self.last_seen = _growing(tf.zeros([1], int64), "last_seen")
-        # Rows written since the last checkpoint (`table_changes`).
+        # Rows written since the last checkpoint, and the step each was last written at
+        # (`table_changes`; not checkpointed).
         self.changed = _growing(tf.zeros([1], tf.bool), "changed")
+        object.__setattr__(self, "written_at", _growing(tf.zeros([1], int64), "written_at"))
         if policy.ttl_seconds:
             self.last_time = _growing(tf.zeros([1], int64), "last_time")
             self.clock = tf.Variable(-(2**62), dtype=int64, trainable=False, name="clock")
@@ -265,7 +267,7 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
 
     def row_variables(self) -> dict[str, tf.Variable]:
         """Every variable with a value per row, by name: the rows, their moments, ids
-        and eviction state, and the changed flags."""
+        and eviction state, the changed flags and the write stamps."""
         variables = {"embeddings": self.embeddings}
         if self.momentum is not None:
             variables.update(momentum=self.momentum, velocity=self.velocity)
@@ -273,6 +275,7 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
             variables.update(accumulator=self.accumulator)
         variables.update(slot_keys=self.slot_keys, priority=self.priority)
         variables.update(last_seen=self.last_seen, changed=self.changed)
+        variables["written_at"] = self.written_at
         if self.policy.ttl_seconds:
             variables["last_time"] = self.last_time
         return variables
@@ -285,32 +288,11 @@ class HashEmbedding(Admission, ChangeTracking, RowTraining, DrainedUpkeep, keras
             row_shards.resize(variable, self.size + 1)
         self.allocated.assign(self.size)
 
-    def serving_state(self) -> tf.Module:
-        """What serving lookups read (the index and the rows), for a SavedModel that
-        holds nothing else of the table."""
-        state = tf.Module(name=f"{self.name}_serving")
-        state.index, state.rows = self._table, self.embeddings
-        if isinstance(self.embeddings, RowShards):
-            # One variable, gathered from the shards: a server needs no cluster.
-            rows = self.embeddings.gather(tf.range(self.size + 1))
-            shape = tf.TensorShape([None, self.embedding_size])
-            state.rows = tf.Variable(rows, shape=shape, trainable=False, name="embeddings")
-        return state
-
-    def refresh_serving_state(self, state: tf.Module) -> None:
-        """Brings `state` (`serving_state`) up to date before an export: a copy of
-        sharded rows is gathered again (one variable is the rows themselves)."""
-        if state.rows is not self.embeddings:
-            state.rows.assign(self.embeddings.gather(tf.range(self.size + 1)))
-
-    def serving_rows(self, state: tf.Module, ids: tf.Tensor) -> tf.Tensor:
-        """Rows of `ids` (`(n,)`) read from `state` (`serving_state`): the rows the
-        table would look up, the default row for ids without one."""
-        slots = tf.reshape(state.index.lookup(ids), [-1])
-        rows = tf.gather(state.rows, tf.maximum(slots, 0))
-        if self.max_norm is not None:
-            rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
-        return tf.cast(rows, self.compute_dtype)
+    def live_rows(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """`(keys, rows)` of rows ``0..size`` (row 0: the default row, key 0), gathered
+        from shards: a copy of what a served version holds of the table."""
+        live = tf.range(self.size + 1)
+        return tf.gather(self.slot_keys, live), row_shards.gather(self.embeddings, live)
 
     # -- lookups -----------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """What a hash embedding changed since its last checkpoint, for incremental checkpoints
-(`delta_checkpoints`): taken as a few tensors, and applied to a restored table.
+(`delta_checkpoints`): taken as a few tensors, and applied to a restored table; and
+which rows it wrote since a given step, for the publications a server applies
+(`publishing`).
 
 A table notes every row it writes (admission, refresh, training, a row moved into a
 hole, a row released) in its per-row ``changed`` flags, and every not-yet-admitted id
@@ -8,6 +10,10 @@ changed rows (by row number, with their ids and all their state) and the new siz
 everything about the rows: an id removed since has either left its row to another id,
 whose row is changed, or its row now lies past the size. The id-to-row index is not
 stored: `reindex` rebuilds it from the rows' ids.
+
+Each row written is also stamped with the table's step (``written_at``, not
+checkpointed: after a restore a trainer publishes a whole version first), so that the
+rows written since any step are found without clearing flags: `written_since`.
 """
 
 from __future__ import annotations
@@ -17,19 +23,39 @@ import tensorflow as tf
 from recommendation.online.tables import id_index, masks, row_shards
 
 _ROWS, _PENDING = "rows.", "pending."
+# Row variables that say what changed, not what a restore needs: in no delta.
+_BOOKKEEPING = ("changed", "written_at")
 
 
 class ChangeTracking:
     """Mixed into `HashEmbedding`: `take_changes`, `apply_changes`, `reindex`.
 
-    The host provides ``changed`` (a per-row bool variable among its row variables),
-    ``size``, ``row_variables()``, ``_table``, ``_pending`` and ``_pending_changed``
-    (a hash table of the ids whose pending sightings changed; it is not checkpointed:
-    a restored table has changed nothing yet).
+    The host provides ``changed`` and ``written_at`` (a per-row bool and int64
+    variable among its row variables; ``written_at`` is not checkpointed), ``step``,
+    ``size``, ``slot_keys``, ``embeddings``, ``row_variables()``, ``_table``,
+    ``_pending`` and ``_pending_changed`` (a hash table of the ids whose pending
+    sightings changed; it is not checkpointed: a restored table has changed nothing
+    yet).
     """
 
     def _note_changed(self, slots: tf.Tensor) -> None:
         self.changed.scatter_update(tf.IndexedSlices(tf.ones(tf.shape(slots), tf.bool), slots))
+        stamps = tf.fill(tf.shape(slots), self.step.read_value())
+        self._write_stamps().scatter_update(tf.IndexedSlices(stamps, slots))
+
+    def _write_stamps(self) -> tf.Variable:
+        """``written_at``, first made as long as the other row variables where a restore
+        (by any path: it is not checkpointed) left it behind; its stamps are zeros then,
+        and a publisher starts from a whole version after a restore."""
+        rows = tf.shape(self.changed, out_type=tf.int64)[0]
+
+        def match() -> tf.Tensor:
+            self.written_at.assign(tf.zeros([rows], tf.int64))
+            return tf.constant(True)
+
+        behind = tf.shape(self.written_at, out_type=tf.int64)[0] != rows
+        tf.cond(behind, match, lambda: tf.constant(False))
+        return self.written_at
 
     def _note_pending(self, keys: tf.Tensor) -> None:
         # A plain insert: nothing is removed from this set but by `clear_changes`,
@@ -40,7 +66,7 @@ class ChangeTracking:
         """What `take_changes` returns: each tensor's dtype and shape."""
         specs = {"slots": tf.TensorSpec([None], tf.int64)}
         for name, variable in self.row_variables().items():
-            if name != "changed":
+            if name not in _BOOKKEEPING:
                 specs[_ROWS + name] = tf.TensorSpec([None, *variable.shape[1:]], variable.dtype)
         if self.permit_filter_value > 1:
             key = tf.as_dtype(self.key_dtype)
@@ -64,7 +90,7 @@ class ChangeTracking:
         slots = masks.positions(live) + 1
         changes = {"slots": slots}
         for name, variable in self.row_variables().items():
-            if name != "changed":
+            if name not in _BOOKKEEPING:
                 changes[_ROWS + name] = row_shards.gather(variable, slots)
         if self.permit_filter_value > 1:
             keys, _ = id_index.live_entries(self._pending_changed, 1)
@@ -85,11 +111,18 @@ class ChangeTracking:
         slots = changes["slots"]
         for name, variable in self.row_variables().items():
             row_shards.resize(variable, end)
-            if name != "changed":
+            if name not in _BOOKKEEPING:
                 variable.scatter_update(tf.IndexedSlices(changes[_ROWS + name], slots))
         if self.permit_filter_value > 1:
             self._pending.remove(changes[_PENDING + "removed"])
             id_index.put(self._pending, changes[_PENDING + "keys"], changes[_PENDING + "values"])
+
+    def written_since(self, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`(slots, keys, rows)` of the live rows written after the table's `step` (by
+        row number, with their ids and values), gathered from shards."""
+        live = self._write_stamps()[1 : self.size + 1] > step
+        slots = masks.positions(live) + 1
+        return slots, tf.gather(self.slot_keys, slots), row_shards.gather(self.embeddings, slots)
 
     def reindex(self) -> None:
         """Rebuilds the id-to-row index from the rows' ids (and, for int64 ids, the

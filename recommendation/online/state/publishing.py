@@ -1,0 +1,181 @@
+"""The trainer's side of publications (`serving.publications`): what the model changed
+since its last publication, taken between sinks and written on a thread of its own.
+
+Taking one costs what changed: the rows written since (found by the tables' write
+stamps, `table_changes.written_since`) are gathered on the training thread, with the
+dense weights (kilobytes); what follows (which ids left the tables, the archive, the
+write) runs on the publisher's thread, so that training goes on meanwhile. One
+publication is in flight at a time: while it is being written, the changes of the
+next ones gather in the tables and go out together in the next.
+
+A publication that cannot be written (a full disk) is counted and logged
+(`WriteFailures`), and the next one is taken from where the failed one started, under
+its number: the chain a server follows never has a gap. `flush` makes the chain
+durable up to the model as it is now, which a full version needs before it says it
+holds the state of the chain's last publication.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from official.core import writer_lease
+from official.utils.misc.write_failures import WriteFailures
+from recommendation.online.online_ncf import OnlineNeuMF
+from recommendation.serving import publications
+from recommendation.serving.online_version import dense_weights
+from recommendation.serving.publications import TABLES, Publication
+
+
+def _tables(network: OnlineNeuMF) -> dict:
+    return dict(zip(TABLES, (network.user_embedding, network.item_embedding), strict=True))
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A publication handed to the publisher's thread, and where it started."""
+
+    future: concurrent.futures.Future
+    seq: int
+    since: dict[str, int]
+
+
+class Publisher:
+    """Publishes the changes of `network` into `export_base` as publications of `run`.
+
+    Args:
+        export_base: The folder of versions (publications go in its ``publications/``).
+        run: This trainer run's token.
+        network: The model whose changes are published.
+        keys: Each table's ids by row (``0..size``) in the state the chain starts from
+            (the run's first full version), to tell which ids later leave the tables.
+    """
+
+    def __init__(
+        self, export_base: str, run: str, network: OnlineNeuMF, keys: dict[str, np.ndarray]
+    ) -> None:
+        self.export_base, self.run, self.network = export_base, run, network
+        self.seq = 0  # of the last publication taken
+        self.durable_seq = 0  # of the last one written
+        self.bytes_written = 0  # since `bytes_written` was last reset (by the caller)
+        self.rows: list[int] = []  # of each publication written
+        self.seconds: list[float] = []  # from its take to its write, of each
+        self.failures = WriteFailures("a publication", export_base, "--export_dir")
+        self._since = {name: int(table.step.numpy()) for name, table in _tables(network).items()}
+        self._keys = {name: np.array(keys[name], np.int64) for name in TABLES}
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "ncf-publisher")
+        self._in_flight: _InFlight | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a publication is being written."""
+        return self._in_flight is not None and not self._in_flight.future.done()
+
+    @property
+    def pending(self) -> bool:
+        """Whether the model trained since the last publication taken."""
+        tables = _tables(self.network)
+        return any(int(tables[name].step.numpy()) != self._since[name] for name in TABLES)
+
+    def publish(self, step: int, position: Any) -> bool:
+        """Takes what changed since the last publication and hands it to the publisher's
+        thread, unless one is still being written or nothing changed; returns whether it
+        did. Call between steps (on a cluster, once the steps in flight are done)."""
+        if self.busy:
+            return False
+        self._settle()
+        if not self.pending:
+            return False
+        since = dict(self._since)
+        publication = self._take(step, position)
+        future = self._executor.submit(self._write, publication, time.perf_counter())
+        self._in_flight = _InFlight(future, publication.seq, since)
+        return True
+
+    def flush(self, step: int, position: Any) -> bool:
+        """Publishes what is pending and waits until the chain is written up to the
+        model as it is now (one retry of a failed write); returns whether it is."""
+        for _ in range(2):
+            self.wait()
+            self._settle()
+            if not self.pending:
+                return True
+            self.publish(step, position)
+        self.wait()
+        self._settle()
+        return not self.pending
+
+    def wait(self) -> None:
+        """Waits for the publication in flight, if any."""
+        if self._in_flight is not None:
+            concurrent.futures.wait([self._in_flight.future])
+
+    def close(self) -> None:
+        """Waits for the publication in flight and stops the publisher's thread."""
+        self.wait()
+        self._settle()
+        self._executor.shutdown()
+
+    def _settle(self) -> None:
+        """Takes note of the finished publication: on failure, the next one starts where
+        it started, under its number."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        if in_flight.future.result():
+            self.durable_seq = in_flight.seq
+        else:
+            self._since, self.seq = in_flight.since, in_flight.seq - 1
+
+    def _take(self, step: int, position: Any) -> Publication:
+        tables = {}
+        for name, table in _tables(self.network).items():
+            slots, keys, rows = table.written_since(self._since[name])
+            tables[name] = {
+                "slots": slots.numpy(),
+                "keys": keys.numpy(),
+                "rows": rows.numpy(),
+                "size": int(table.size.numpy()),
+            }
+            self._since[name] = int(table.step.numpy())
+        self.seq += 1
+        dense = [np.asarray(weight.numpy()) for weight in dense_weights(self.network)]
+        return Publication(self.run, self.seq, step, position, time.time(), tables, dense)
+
+    def _write(self, publication: Publication, taken: float) -> bool:
+        """On the publisher's thread: the ids that left each table, then the write;
+        the ids by row move on only once it is written."""
+        moved = {}
+        for name in TABLES:
+            changes = publication.tables[name]
+            changes["deleted"], moved[name] = self._left(name, changes)
+        with self.failures.guard():
+            # A trainer whose export folder another took over writes nothing more there.
+            writer_lease.check_held(self.export_base)
+            self.bytes_written += publications.write(self.export_base, publication)
+            self._keys = moved
+            self.rows.append(publication.rows)
+            self.seconds.append(time.perf_counter() - taken)
+            return True
+        return False
+
+    def _left(self, name: str, changes: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The ids that left table `name` with `changes` (their rows now hold other ids,
+        or lie past its size, and they hold no other row), and its ids by row after."""
+        keys, size, slots = self._keys[name], changes["size"], changes["slots"]
+        held = len(keys) - 1
+        rewritten = slots <= held
+        before = keys[slots[rewritten]]
+        gone = np.concatenate(
+            [before[before != changes["keys"][rewritten]], keys[size + 1 : held + 1]]
+        )
+        after = np.zeros(size + 1, np.int64)
+        kept = min(held, size) + 1
+        after[:kept] = keys[:kept]
+        after[slots] = changes["keys"]
+        return np.setdiff1d(gone, changes["keys"]), after

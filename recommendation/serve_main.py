@@ -1,0 +1,161 @@
+"""Serves an online model's export over TensorFlow Serving's REST API (``ncf-serve``).
+
+    ncf-serve --model_name ncf --model_base_path /tmp/ncf-online/export \\
+        --rest_api_port 8501
+
+It loads the newest version ncf-online exported to --model_base_path and applies the
+trainer's publications to it in place as they appear (`live_model`), so that an event
+is in its answers about a second after it was published, whatever the model's size;
+it answers ``GET /v1/models/NAME`` and ``POST /v1/models/NAME:predict`` as TensorFlow
+Serving does (`rest_api`). The flags are TensorFlow Serving's where they mean the same.
+A server started before the first export waits for it and says so. SIGINT/SIGTERM stop
+it (the requests in flight are answered). Flags are read here only; `ServeConfig`
+carries them inward (docs/serving-online.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+from absl import app, flags, logging
+
+from official.utils.flags import core
+from official.utils.flags.core import NON_NEGATIVE, POSITIVE, FlagSpec
+from official.utils.misc import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """One server (built from flags by `config_from_flags`); its defaults are the flags'.
+
+    Attributes:
+        model_name: The name requests use (``/v1/models/NAME``).
+        model_base_path: The export base: ncf-online's --export_dir.
+        rest_api_host, rest_api_port: Where to listen (port 0: any free port, logged).
+        rest_api_num_threads: Requests answered at once.
+        file_system_poll_wait_seconds: How often to look for a new version.
+        publication_poll_wait_seconds: How often to look for the next publication.
+        max_instances: Most users or pairs one request may hold.
+    """
+
+    model_name: str = "default"
+    model_base_path: str | None = None
+    rest_api_host: str = "0.0.0.0"
+    rest_api_port: int = 8501
+    rest_api_num_threads: int = 8
+    file_system_poll_wait_seconds: float = 1.0
+    publication_poll_wait_seconds: float = 0.05
+    max_instances: int = 1024
+
+
+SERVE_FLAGS = (
+    FlagSpec("model_name", "Name of the model in request URLs (/v1/models/NAME)."),
+    FlagSpec(
+        "model_base_path",
+        "Folder of the model's versions: ncf-online's --export_dir (local or gs://).",
+    ),
+    FlagSpec("rest_api_host", "Address to listen on (0.0.0.0: every interface)."),
+    FlagSpec(
+        "rest_api_port", "Port of the REST API (0: any free one, logged).", checks=(NON_NEGATIVE,)
+    ),
+    FlagSpec("rest_api_num_threads", "Requests answered at once.", checks=(POSITIVE,)),
+    FlagSpec(
+        "file_system_poll_wait_seconds",
+        "How often to look for a new version in --model_base_path.",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec(
+        "publication_poll_wait_seconds",
+        "How often to look for the trainer's next publication (what changed, applied in place).",
+        checks=(POSITIVE,),
+    ),
+    FlagSpec("max_instances", "Most users or pairs one request may hold.", checks=(POSITIVE,)),
+)
+
+
+def define_serve_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Every flag of ``ncf-serve``."""
+    core.define_flags(SERVE_FLAGS, ServeConfig(), flag_values)
+    flags.mark_flag_as_required("model_base_path", flag_values=flag_values)
+
+
+def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> ServeConfig:
+    """The server the parsed flags describe."""
+    return core.config_from_flags(SERVE_FLAGS, ServeConfig(), flag_values)
+
+
+class ServeError(Exception):
+    """The server cannot start; the message says why and what to do."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on `host`:`port`.
+
+    Raises:
+        ServeError: It cannot be bound (the port is taken, the address is not here).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ServeError(
+            f"cannot listen on {host}:{port}: {error.strerror}; stop what listens there or "
+            "pass --rest_api_port (0: any free port) or --rest_api_host"
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: ServeConfig) -> None:
+    """Serves until SIGINT/SIGTERM.
+
+    Raises:
+        ServeError: It cannot listen where asked.
+    """
+    import uvicorn  # the serve extra's
+
+    from recommendation.serving import rest_api
+    from recommendation.serving.live_model import LiveModel
+
+    sock = listen(config.rest_api_host, config.rest_api_port)
+    host, port = sock.getsockname()[:2]
+    live = LiveModel(
+        config.model_base_path,
+        config.file_system_poll_wait_seconds,
+        config.publication_poll_wait_seconds,
+    )
+    api = rest_api.PredictApi(config.model_name, live, config.max_instances)
+    application = rest_api.make_app(api, config.rest_api_num_threads)
+    logging.info(
+        "serving %s over REST on http://%s:%d/v1/models/%s",
+        config.model_base_path,
+        host,
+        port,
+        config.model_name,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(application, log_level="warning", access_log=False, lifespan="on")
+    )
+    server.run(sockets=[sock])
+
+
+def main(argv: list[str]) -> None:
+    del argv  # the flags parser refused any other argument
+    config = config_from_flags(flags.FLAGS)
+    with errors.exit_on_user_errors(ServeError):
+        serve(config)
+
+
+def run_main() -> None:
+    """Console-script entry point (``ncf-serve``)."""
+    define_serve_flags()
+    app.run(main, flags_parser=errors.command_line_parser())
+
+
+if __name__ == "__main__":
+    run_main()
