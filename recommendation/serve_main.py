@@ -16,10 +16,12 @@ carries them inward (docs/serving-online.md).
 from __future__ import annotations
 
 import dataclasses
+import signal
 import socket
 
 from absl import app, flags, logging
 
+from official.core import signals
 from official.utils.flags import core
 from official.utils.flags.core import NON_NEGATIVE, POSITIVE, FlagSpec
 from official.utils.misc import errors
@@ -141,7 +143,15 @@ def serve(config: ServeConfig) -> None:
     server = uvicorn.Server(
         uvicorn.Config(application, log_level="warning", access_log=False, lifespan="on")
     )
+    # uvicorn stops on SIGINT/SIGTERM once the requests in flight are answered, then
+    # raises the signal again under the handlers it found: these note it, and the
+    # server ends as a stopped server does, with status 0.
+    stops: list[int] = []
+    for signum in signals.STOP_SIGNALS:
+        signal.signal(signum, lambda signum, frame: stops.append(signum))
     server.run(sockets=[sock])
+    if stops:
+        logging.info("stopped by %s", signal.Signals(stops[0]).name)
 
 
 def main(argv: list[str]) -> None:

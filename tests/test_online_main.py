@@ -536,7 +536,8 @@ def test_the_defaults_a_user_sees_are_online_mains():
         "sink_size": 4,
         "linger_seconds": 0.2,
         "checkpoint_every_secs": 30.0,
-        "export_every_secs": 2.0,
+        "export_every_secs": 300.0,
+        "publish_every_secs": 0.5,
         "amp_level": "O0",
         "boost_level": "O1",
         "inter_op_parallelism_threads": 0,
@@ -788,6 +789,7 @@ def test_the_final_line_says_lost_events_are_unknown_where_some_may_be_uncounted
         "reconnects": 0,
         "tables": {},
         "failed_exports": 0,
+        "failed_publications": 0,
         "failed_tensorboard_writes": 0,
         "stopped_by": "callback",
     }

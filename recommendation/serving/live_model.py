@@ -227,7 +227,7 @@ class LiveModel:
                 return
             if not self._stuck and publications.exists(self.base_path, served.run, served.seq + 1):
                 return
-                self._load(newest, path, info)
+        self._load(newest, path, info)
 
     def _load(self, version: int, path: str, info: dict) -> None:
         """Loads version `version` beside the one served, catches it up with the
@@ -278,14 +278,13 @@ class LiveModel:
         if old is None:
             logging.info("serving version %d of %s (%s)", new.version, self.base_path, held)
         elif old.run != new.run:
-            back = " (older: the trainer restarted from an earlier checkpoint)"
             logging.warning(
-                "the trainer started a new run: serving its version %d (%s) where step %d%s "
-                "of the run before was served",
+                "the trainer started a new run: serving its version %d (%s) where step %d of "
+                "the run before was served%s",
                 new.version,
                 held,
                 old.step,
-                back if new.step < old.step else "",
+                ": it restarted from an earlier checkpoint" if new.step < old.step else "",
             )
         else:
             logging.info("serving version %d (%s): it holds what was missing", new.version, held)
@@ -297,21 +296,21 @@ class LiveModel:
         try:
             publication = publications.read(self.base_path, served.run, seq)
         except PublicationError as error:
-            self._stall(f"publication {seq} of run {served.run}: {error}")
+            self._stall(served, f"publication {seq} of run {served.run}: {error}")
             return None
         if publication is None and publications.exists(self.base_path, served.run, seq + 1):
             self._stall(
+                served,
                 f"publication {seq} of run {served.run} is missing (the one after it is "
-                f"there: {publications.path(self.base_path, served.run, seq)} was deleted)"
+                f"there: {publications.path(self.base_path, served.run, seq)} was deleted)",
             )
         return publication
 
-    def _stall(self, problem: str) -> None:
+    def _stall(self, served: Served, problem: str) -> None:
+        """Stops at `problem` (said once) until a version holds what it lacks."""
         self._stuck = True
         self._say_once(
-            problem,
-            f"{problem}; serving step {self.served.step if self.served else 0} until a version "
-            "holds what it lacks",
+            problem, f"{problem}; serving step {served.step} until a version holds what it lacks"
         )
 
     def _apply(self, served: Served, publication: Publication, swap: bool = True) -> None:

@@ -75,7 +75,15 @@ class ServedTable(tf.Module):
         live = tf.range(1, self.size + 1)
         return id_index.rebuild(self.index, tf.gather(self.keys, live), live[:, None], 1)
 
-    @tf.function(autograph=False, reduce_retracing=True)
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None, None], tf.float32),
+            tf.TensorSpec([], tf.int64),
+        ],
+        autograph=False,
+    )
     def apply(
         self, slots: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, size: tf.Tensor
     ) -> tf.Tensor:

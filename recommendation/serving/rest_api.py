@@ -67,9 +67,7 @@ def _integers(value: Any, name: str, bounds: tuple[int, int], dtype) -> np.ndarr
         if isinstance(item, float) and not (math.isfinite(item) and item.is_integer()):
             raise RequestError(400, f'input "{name}" holds {item}, not an integer')
         if not bounds[0] <= item <= bounds[1]:
-            raise RequestError(
-                400, f'input "{name}" holds {item:.0f}, outside {np.dtype(dtype).name}'
-            )
+            raise RequestError(400, f'input "{name}" holds {item}, outside {np.dtype(dtype).name}')
     return np.asarray(
         [int(item) for item in flat] if isinstance(value, list) else int(value), dtype
     )
