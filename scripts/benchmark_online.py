@@ -57,9 +57,7 @@ import bisect
 import concurrent.futures
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -70,11 +68,11 @@ from official.utils.misc import machine  # before TensorFlow: official sets its 
 
 # isort: split
 import numpy as np
-import redis
 import tensorflow as tf
 from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import online_runs  # noqa: E402
 import plots  # noqa: E402  (sibling scripts)
 import replay_events  # noqa: E402
 import tansu_broker  # noqa: E402
@@ -85,11 +83,9 @@ from recommendation.data.data_preprocessing import DataConfig  # noqa: E402
 from recommendation.model import neumf_model
 from recommendation.online.sources import (  # noqa: E402
     kafka_connection,
-    redis_connection,
     redis_entries,
 )
 from recommendation.online.sources.kafka_connection import KafkaOptions  # noqa: E402
-from recommendation.online.sources.redis_connection import RedisOptions  # noqa: E402
 from recommendation.online.state import versioned_export  # noqa: E402
 from recommendation.online_main import OnlineConfig  # noqa: E402
 from recommendation.producer import negative_sampling  # noqa: E402
@@ -160,58 +156,8 @@ flags.register_validator(
 )
 
 THIS_TREE = "this"
-ML_1M_USERS = 6_040
-NEW_USER_BASE = 10_000_000  # above every ML-1M user id (1 to 6,040)
 WARM_UP_STALL_SECONDS = 300  # start-up and tracing included
 PROGRESS_SECONDS = 10
-
-
-def _load() -> str:
-    """The 1, 5 and 15 minute load averages (2 cores: 2.0 is a full machine)."""
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _start_redis(work_dir: str) -> tuple[subprocess.Popen, str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        sys.exit("error: redis-server is not on PATH: apt-get install -y redis-server")
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            work_dir,
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = _client(url)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    return process, url
-
-
-def _client(redis_url: str) -> redis.Redis:
-    """A client of the Redis `_start_redis` started (no password: not the environment's)."""
-    return redis_connection.resolve(RedisOptions(url=redis_url), environ={}).client()
 
 
 def _split(ratings_path: str, work_dir: str, seed: int):
@@ -328,7 +274,7 @@ def _throughput(sources: dict[str, str], work_dir: str, events: int) -> dict:
     for round_index in range(FLAGS.repeats):
         for number, (source, name, root, more) in enumerate(runs):
             group = f"throughput-{number}-{round_index}"
-            loads[source, name].append(_load())
+            loads[source, name].append(online_runs.load_average())
             process = _trainer(
                 sources[source],
                 group,
@@ -376,7 +322,7 @@ def _cluster_run(
     """One trainer on a fresh loopback cluster of `ps` ps tasks and `workers` workers
     (``online_main --serve_as``), or alone when `workers` is 0: its summary, and each
     ps task's peak RSS in MB at its end."""
-    addresses = [f"localhost:{_free_port()}" for _ in range(1 + ps + workers)]
+    addresses = [f"localhost:{online_runs.free_port()}" for _ in range(1 + ps + workers)]
     spec = {"chief": addresses[:1], "ps": addresses[1 : 1 + ps], "worker": addresses[1 + ps :]}
     servers = []
     environment = dict(os.environ)
@@ -437,10 +383,10 @@ def _capacity_runs(redis_url: str, work_dir: str, events: np.ndarray) -> dict[in
     """--capacity_ids events of as many new users, trained on clusters of each of
     --capacity_ps ps tasks (one worker): by ps count, the summary and each ps task's
     peak RSS in MB."""
-    rows = _new_user_events(events, FLAGS.capacity_ids, FLAGS.seed)
-    publisher = replay_events.RedisPublisher(_client(redis_url), "capacity")
+    rows = online_runs.new_user_events(events, FLAGS.capacity_ids, FLAGS.seed)
+    publisher = replay_events.RedisPublisher(online_runs.redis_client(redis_url), "capacity")
     replay_events.replay(publisher, rows, rate=0, chunk=5000)
-    capacity = 1 << (FLAGS.capacity_ids + ML_1M_USERS).bit_length()
+    capacity = 1 << (FLAGS.capacity_ids + online_runs.ML_1M_USERS).bit_length()
     runs = {}
     for count in (int(value) for value in FLAGS.capacity_ps):
         runs[count] = _cluster_run(
@@ -505,7 +451,7 @@ def _print_cluster(runs: dict[int, list[dict]]) -> None:
 
 
 def _full_pass(redis_url: str, work_dir: str) -> tuple[dict, str, str]:
-    load = _load()
+    load = online_runs.load_average()
     export_dir = os.path.join(work_dir, "full", "export")
     process = _trainer(
         _redis(redis_url, "train"),
@@ -563,24 +509,14 @@ def _check_capacity() -> None:
     if not FLAGS.live_ids and FLAGS.capacity is None:
         return
     capacity = FLAGS.capacity or OnlineConfig().model.user_capacity
-    needed = FLAGS.live_ids + ML_1M_USERS
+    needed = FLAGS.live_ids + online_runs.ML_1M_USERS
     if capacity < needed:
         given = "--capacity" if FLAGS.capacity is not None else "the trainer's default capacity"
         sys.exit(
-            f"error: --live_ids {FLAGS.live_ids:,} and ML-1M's {ML_1M_USERS:,} users need "
-            f"{needed:,} user rows, {given} is {capacity:,}: raise --capacity to {needed:,} "
-            "or more"
+            f"error: --live_ids {FLAGS.live_ids:,} and ML-1M's {online_runs.ML_1M_USERS:,} "
+            f"users need {needed:,} user rows, {given} is {capacity:,}: raise --capacity to "
+            f"{needed:,} or more"
         )
-
-
-def _new_user_events(events: np.ndarray, count: int, seed: int) -> np.ndarray:
-    """`count` (user, item, timestamp) rows of `count` new users (ids from
-    NEW_USER_BASE), each with an item drawn from `events` (as often as it is rated
-    there), a second apart and ending a second before the first of `events`."""
-    items = np.random.default_rng(seed).choice(events[:, 1], size=count)
-    users = NEW_USER_BASE + np.arange(count, dtype=np.int64)
-    timestamps = events[0, 2] - count + np.arange(count, dtype=np.int64)
-    return np.stack([users, items, timestamps], axis=1)
 
 
 class _LiveRedis:
@@ -589,7 +525,7 @@ class _LiveRedis:
     position was published (its entry id's milliseconds: the server's clock at XADD)."""
 
     def __init__(self, redis_url: str) -> None:
-        self.client = _client(redis_url)
+        self.client = online_runs.redis_client(redis_url)
         self.publisher = replay_events.RedisPublisher(self.client, "live")
         self.flags = _redis(redis_url, "live")
         self.name = "redis"
@@ -715,7 +651,9 @@ def _freshness(live: _LiveRedis | _LiveKafka, work_dir: str, events: np.ndarray)
     """Replays at --live_rate into `live` and measures publication-to-export times,
     after a warm-up of --live_ids new users (none: ML-1M's first events only)."""
     warm_up = 5000
-    rows = np.concatenate([_new_user_events(events, FLAGS.live_ids, FLAGS.seed), events[:warm_up]])
+    rows = np.concatenate(
+        [online_runs.new_user_events(events, FLAGS.live_ids, FLAGS.seed), events[:warm_up]]
+    )
     start = time.perf_counter()
     live.publish_warm_up(rows)
     logging.info(
@@ -741,7 +679,7 @@ def _freshness(live: _LiveRedis | _LiveKafka, work_dir: str, events: np.ndarray)
             FLAGS.live_ids > 0,
             os.path.join(work_dir, f"{group}.log"),
         )
-        load = _load()
+        load = online_runs.load_average()
         count = int(FLAGS.live_rate * FLAGS.live_seconds)
         live_start_ms = time.time() * 1000
         seconds = replay_events.replay(
@@ -778,7 +716,7 @@ def _freshness(live: _LiveRedis | _LiveKafka, work_dir: str, events: np.ndarray)
 
 
 def _offline(config: DataConfig, work_dir: str) -> tuple[float, float, str]:
-    load = _load()
+    load = online_runs.load_average()
     start = time.perf_counter()
     # The online trainer's defaults: its network is ncf-main's default NeuMF, and each
     # step of batch_size events trains on every event and its num_neg negatives.
@@ -939,18 +877,18 @@ def main(argv: list[str]) -> None:
         plots.require(FLAGS.plot_dir)
     work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="ncf-online-bench-")
     os.makedirs(work_dir, exist_ok=True)
-    print(f"start: load average {_load()}")
+    print(f"start: load average {online_runs.load_average()}")
     cpu = machine.cpu_line()
     print(cpu)
     config, data, blocks, train_events = _split(FLAGS.ratings, work_dir, FLAGS.seed)
-    server, redis_url = _start_redis(work_dir)
+    server, redis_url = online_runs.start_redis(work_dir)
     throughput, full, full_hr, fresh, clustered, capacity = {}, None, None, [], None, None
     broker = _start_broker() if "kafka" in FLAGS.sources else None
     published = {}
     try:
         start = time.perf_counter()
         replay_events.replay(
-            replay_events.RedisPublisher(_client(redis_url), "train"),
+            replay_events.RedisPublisher(online_runs.redis_client(redis_url), "train"),
             train_events,
             rate=0,
             chunk=5000,
@@ -1007,7 +945,7 @@ def main(argv: list[str]) -> None:
         _print_capacity(capacity)
     if full is not None:
         _print_accuracy(full, full_hr, offline)
-    print(f"end: load average {_load()}")
+    print(f"end: load average {online_runs.load_average()}")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,87 @@
-"""One ``ncf-online`` process over an event folder, measured from outside (peak RSS,
-folder bytes) and by its summary: what the table benchmarks run."""
+"""What the online benchmarks share: one ``ncf-online`` process over an event folder,
+measured from outside (peak RSS, folder bytes) and by its summary (the table
+benchmarks), a Redis of their own, the new users of a warm-up, the load average."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+import numpy as np
+import redis
+
 from official.utils.misc import machine
+from recommendation.online.sources import redis_connection
+from recommendation.online.sources.redis_connection import RedisOptions
+from recommendation.online.state import versioned_export
+
+ML_1M_USERS = 6_040
+NEW_USER_BASE = 10_000_000  # above every ML-1M user id (1 to 6,040)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (2 cores: 2.0 is a full machine)."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_redis(work_dir: str) -> tuple[subprocess.Popen, str]:
+    """A redis-server of the benchmark's own (no persistence), and its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("error: redis-server is not on PATH: apt-get install -y redis-server")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            work_dir,
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis_client(url)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return process, url
+
+
+def redis_client(redis_url: str) -> redis.Redis:
+    """A client of the Redis `start_redis` started (no password: not the environment's)."""
+    return redis_connection.resolve(RedisOptions(url=redis_url), environ={}).client()
+
+
+def new_user_events(events: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """`count` (user, item, timestamp) rows of `count` new users (ids from
+    NEW_USER_BASE), each with an item drawn from `events` (as often as it is rated
+    there), a second apart and ending a second before the first of `events`."""
+    items = np.random.default_rng(seed).choice(events[:, 1], size=count)
+    users = NEW_USER_BASE + np.arange(count, dtype=np.int64)
+    timestamps = events[0, 2] - count + np.arange(count, dtype=np.int64)
+    return np.stack([users, items, timestamps], axis=1)
 
 
 def folder_bytes(folder: str) -> int:
@@ -26,6 +96,13 @@ def fresh_folder(folder: str) -> None:
     """An empty `folder` (a run of an earlier invocation would be resumed)."""
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
+
+
+def _version_bytes(export_dir: str) -> float:
+    """The mean bytes of the versions in `export_dir` (its publications left out)."""
+    found = versioned_export.versions(export_dir)
+    total = sum(folder_bytes(os.path.join(export_dir, str(version))) for version in found)
+    return total / max(1, len(found))
 
 
 def sustained_events_per_second(summary: dict) -> float:
@@ -94,7 +171,7 @@ def stream_run(
         "peak_rss": peak,
         "model_dir_bytes": folder_bytes(model_dir),
         # A version's bytes: how many versions are kept at the end varies with timing.
-        "export_bytes": folder_bytes(export_dir) / max(1, len(os.listdir(export_dir))),
+        "export_bytes": _version_bytes(export_dir),
         # Of a full checkpoint (a checkout before deltas: of any checkpoint).
         "checkpoint_seconds": (
             summary["checkpoints"]["full"]["seconds"]

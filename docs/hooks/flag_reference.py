@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from absl import flags
 
-from recommendation import online_main, recommend
+from recommendation import online_main, recommend, serve_main
 from recommendation.training import ncf_common
 
 # absl's own flags, which every program takes; --helpfull lists them under absl's modules.
@@ -58,6 +58,13 @@ PROGRAMS = (
         "recommendation.online_main",
         online_main.define_online_flags,
         "Trains NeuMF from an event stream ([online training](../online.md)).",
+    ),
+    Program(
+        "ncf-serve",
+        "recommendation.serve_main",
+        serve_main.define_serve_flags,
+        "Serves an online model over TensorFlow Serving's REST API, its trainer's "
+        "publications applied in place ([serving an online model](../serving-online.md)).",
     ),
     Program(
         "ncf-create-data",
