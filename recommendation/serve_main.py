@@ -16,8 +16,15 @@ carries them inward (docs/serving-online.md).
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import socket
+
+# oneDNN's allocator (TensorFlow's default on x86-64) keeps every buffer freed in a pool
+# it never returns: a served table that grows as ids arrive left each of its smaller
+# copies there, 7 times its rows' bytes in memory at 3 million ids, 1.8 times with the
+# system's allocator. Read when TensorFlow first allocates; a value the user set wins.
+os.environ.setdefault("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", "1")
 
 from absl import app, flags, logging
 

@@ -17,7 +17,8 @@ It starts its own redis-server and, for each part (--parts):
   every replayed event. For each N of --whole_version_ids the same run is made the
   TensorFlow Serving way: no publications, a whole version every 2 s, which the server
   loads. Beside each: the server's memory (RSS) above its import (taken before any
-  version existed) against the bytes of the rows it holds, and its peak;
+  version existed) against the bytes of the rows it holds, and its peak. These
+  trainers run on the system's allocator (`FRESHNESS_TRAINER_ENV`: memory);
 - trainer: the trainer's steady events/s (unpaced: --trainer_live_ids new users, then
   ML-1M) with its publications (the default) and without (``--publish_every_secs=0``),
   --repeats rounds taking turns, and the ratio;
@@ -96,13 +97,15 @@ def _entry(entry_id: str | bytes) -> int:
 class _Process:
     """A program of this checkout, its log in the work folder."""
 
-    def __init__(self, work_dir: str, name: str, module: str, *flags: str) -> None:
+    def __init__(
+        self, work_dir: str, name: str, module: str, *flags: str, env: dict | None = None
+    ) -> None:
         self.log = os.path.join(work_dir, f"{name}.log")
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", module, *flags],
                 cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": ROOT},
+                env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -153,7 +156,9 @@ class _Server(_Process):
             return None  # no version yet
 
 
-def _trainer(work_dir: str, name: str, stream: str, redis_url: str, *flags: str) -> _Process:
+def _trainer(
+    work_dir: str, name: str, stream: str, redis_url: str, *flags: str, env: dict | None = None
+) -> _Process:
     folder = os.path.join(work_dir, name)
     return _Process(
         work_dir,
@@ -167,7 +172,15 @@ def _trainer(work_dir: str, name: str, stream: str, redis_url: str, *flags: str)
         "--log_every_secs=1",
         f"--seed={FLAGS.seed}",
         *flags,
+        env=env,
     )
+
+
+# The freshness runs' trainers use the system's allocator: oneDNN's (TensorFlow's
+# default on x86-64) keeps every buffer a growing table freed, and a trainer of 10^7
+# ids then holds about 14 GB, beyond what a 24-GB machine spares beside the server and
+# Redis. The live phase trains 10,000 events/s, far below either allocator's rate.
+FRESHNESS_TRAINER_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}
 
 
 def _summary(work_dir: str, name: str) -> dict:
@@ -267,6 +280,7 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray, live_ids: int,
         f"--export_dir={export_dir}",
         f"--user_capacity={capacity}",
         *mode,
+        env=FRESHNESS_TRAINER_ENV,
     )
     poller = _StatusPoller(server)
     try:

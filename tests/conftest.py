@@ -538,8 +538,9 @@ def run_module_on_a_tmpfs(
 ) -> tuple[subprocess.CompletedProcess, list[str]]:
     """`run_module` with a fresh tmpfs mounted on the folder `disk` (``size=64k`` for a
     disk that fills, ``ro`` for a read-only one) in a private mount namespace, so the
-    failure is real; returns the result and the names left on that disk (listed before
-    the namespace goes away). Skips the test where no such mount can be made."""
+    failure is real; returns the result and the paths left on that disk, every level,
+    relative to it and sorted (listed before the namespace goes away). Skips the test
+    where no such mount can be made."""
     probe = ["unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"]
     if not shutil.which("unshare") or subprocess.run(probe, capture_output=True).returncode:
         pytest.skip("needs unshare -rm (util-linux) and a private tmpfs mount")
@@ -547,7 +548,8 @@ def run_module_on_a_tmpfs(
     script = (
         f"mount -t tmpfs -o {mount_options} tmpfs {folder} && "
         f"{shlex.join([sys.executable, '-m', module, *args])}; "
-        f"s=$?; echo '{_LEFT_ON_DISK}'; ls -A {folder}; exit $s"
+        f"s=$?; echo '{_LEFT_ON_DISK}'; find {folder} -mindepth 1 -printf '%P\\n' | sort; "
+        "exit $s"
     )
     command = ["unshare", "-rm", "sh", "-c", script]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)

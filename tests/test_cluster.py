@@ -38,6 +38,8 @@ from recommendation.online import callbacks, cluster, online_ncf
 from recommendation.online.cluster import ClusterError
 from recommendation.online.state import versioned_export
 from recommendation.online.tables.row_shards import RowShards
+from recommendation.serving.live_model import LiveModel
+from recommendation.serving.online_version import OnlineVersion
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 PARAMS = online_ncf.OnlineParams(
@@ -279,7 +281,9 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
 ):
     """SIGKILL a worker (the trainer goes on), then a ps task (the trainer stops with
     an error; both restarted), then the trainer (restarted): every event is trained,
-    none before a restored checkpoint again, and every id is on one ps task."""
+    none before a restored checkpoint again, and every id is on one ps task. The last
+    run publishes what changes as a one-process trainer does: a server that follows it
+    from its first version holds, once caught up, what its last version holds."""
     model_dir = tmp_path / "model"
     flags = [
         f"--redis_url={redis_server.url}",
@@ -326,12 +330,38 @@ def test_cluster_loses_no_event_when_a_worker_a_ps_task_or_the_trainer_is_killed
         os.kill(second.pid, signal.SIGKILL)
         second.wait()
         restored_at.append(_restored(model_dir)[1].position["id"])
+        export = tmp_path / "export"
+        server = LiveModel(str(export), publication_poll_seconds=0.01)
+        server.start()
         third, out = tasks.trainer(
-            "third", *flags, f"--trained_events_log={audits[2]}", "--idle_timeout_secs=3"
+            "third",
+            *flags,
+            f"--trained_events_log={audits[2]}",
+            "--idle_timeout_secs=3",
+            f"--export_dir={export}",
+            "--publish_every_secs=0.1",
         )
+        _wait_for(lambda: server.served is not None, what="the run's first version", process=third)
+        first = server.served.module  # the run's start, followed in place from there
         text = _finish(third, out, tmp_path, "third")
+        newest = versioned_export.latest_export(str(export))
+        info = versioned_export.read_info(newest)
+        _wait_for(
+            lambda: (server.served.run, server.served.seq) == (info["run"], info["publication"]),
+            what="the server to hold the last version's state",
+        )
+        server.stop()
     finally:
         tasks.stop()
+    assert server.served.module is first  # followed publications, never loaded again
+    last = OnlineVersion(info["model"])
+    tf.train.Checkpoint(root=last).read(os.path.join(newest, "variables", "variables"))
+    for name in ("users", "items"):
+        held, written = getattr(server.served.module, name), getattr(last, name)
+        size = int(written.size.numpy())
+        assert int(held.size.numpy()) == size > 0
+        np.testing.assert_array_equal(held.keys.numpy()[: size + 1], written.keys.numpy())
+        np.testing.assert_array_equal(held.rows.numpy()[: size + 1], written.rows.numpy())
 
     events = _stream_ids(client)
     trained = [_lines(audit) for audit in audits]

@@ -181,3 +181,52 @@ def test_exports_to_a_full_disk_leave_training_and_checkpoints_whole(tmp_path):
     )
     assert left == []  # no version, no temporary
     assert tf.train.latest_checkpoint(str(model)) == str(model / "ckpt-10")
+
+
+def test_publications_to_a_full_disk_cost_no_training_and_leave_their_chain_without_a_gap(
+    tmp_path,
+):
+    """Publications fill a 16 KiB --export_dir, then fail (the run's first version fails
+    at once: a SavedModel is larger): every event is trained and checkpointed, one line
+    says so, and what is left on the disk is whole publications numbered 1, 2, ...
+    without a gap, a failed one being taken again under its number."""
+    events = _write_events(tmp_path / "events", [(user % 50, user % 9) for user in range(3000)])
+    disk, model = tmp_path / "disk", tmp_path / "model"
+    disk.mkdir()
+    result, left = run_module_on_a_tmpfs(
+        disk,
+        "size=16k",
+        "recommendation.online_main",
+        f"--events_dir={events}",
+        f"--model_dir={model}",
+        f"--export_dir={disk}",
+        "--num_factors=4",
+        "--layers=8,4",
+        "--user_capacity=64",
+        "--item_capacity=16",
+        "--batch_size=64",
+        "--sink_size=1",
+        "--export_every_secs=100000",
+        "--publish_every_secs=0.01",
+        "--max_events=3000",
+        "--seed=1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [summary] = [line for line in result.stdout.splitlines() if line.startswith("online:")]
+    failed = re.fullmatch(
+        r"online: 3,000 events in .* step 47, .*, 1 exports failed, (\d+) publications failed, "
+        "stopped by callback",
+        summary,
+    )
+    assert failed and int(failed[1]) >= 1, summary
+    failures = [line for line in result.stderr.splitlines() if "cannot write a publication" in line]
+    assert len(failures) == 1 and failures[0].endswith(
+        f"cannot write a publication in {disk}: no space left on the device; free space there "
+        "or pass --export_dir with a folder on a disk with room; training goes on without it "
+        "(1 failed so far)"
+    )
+    [run] = [path for path in left if path.count("/") == 1]
+    files = [path for path in left if path.count("/") == 2]
+    assert left == ["publications", run, *files] and files
+    assert files == [f"{run}/{seq:010d}.npz" for seq in range(1, len(files) + 1)]
+    assert tf.train.latest_checkpoint(str(model)) == str(model / "ckpt-47")

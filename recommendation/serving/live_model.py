@@ -21,6 +21,8 @@ holds that state.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import os
 import threading
@@ -36,6 +38,21 @@ from recommendation.online.tables import id_index
 from recommendation.serving import publications
 from recommendation.serving.online_version import OnlineVersion
 from recommendation.serving.publications import TABLES, Publication, PublicationError
+
+
+def _free_memory_to_the_system() -> None:
+    """Gives the memory freed since back to the system (glibc's ``malloc_trim``; a
+    no-op elsewhere): a table that grows as ids arrive frees its smaller copies, and
+    glibc would keep most of them, 1.6 times the rows' bytes at 3 million ids where
+    1.4 is needed."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC_NAME = ctypes.util.find_library("c")
+_LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
+if _LIBC is not None and not hasattr(_LIBC, "malloc_trim"):
+    _LIBC = None
 
 
 class _ReadWriteLock:
@@ -271,6 +288,8 @@ class LiveModel:
         with self._lock.writing():
             self.served = fresh
         self._say_load(old, fresh, time.monotonic() - start)
+        del old
+        _free_memory_to_the_system()
 
     def _say_load(self, old: Served | None, new: Served, seconds: float) -> None:
         users, items = (int(getattr(new.module, name).size.numpy()) for name in TABLES)
@@ -325,6 +344,7 @@ class LiveModel:
                 wear[0] += left[name]
                 if id_index.worn(wear[0], wear[1]):
                     served.wear[name] = [0, int(getattr(served.module, name).reindex())]
+        _free_memory_to_the_system()
 
     def _say_once(self, key: str, message: str) -> None:
         if key not in self._said:

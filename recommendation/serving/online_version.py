@@ -36,8 +36,12 @@ from recommendation.serving.publications import TABLES
 # Per-pair values `recommend` holds at once (a block of users times the catalogue):
 # about 4 M pairs of the first MLP layer's output, 64 MB at 16 columns.
 _PAIRS_PER_BLOCK = 2**22
-# Rows a served table adds beyond those it needs when it grows, as a fraction.
-_GROWTH = 0.25
+# Rows a served table adds beyond those it needs when it grows, as a fraction: its
+# memory stays within an eighth of its rows', for a copy of the table every eighth.
+_GROWTH = 0.125
+# The most an index is filled when rebuilt: a served table's ids mostly arrive (the
+# DenseHashTable doubles past 80%), where a trainer's churn wants room for tombstones.
+_INDEX_LOAD = 0.75
 
 
 class ServedTable(tf.Module):
@@ -73,7 +77,8 @@ class ServedTable(tf.Module):
         """Rebuilds the index from `keys` (after `keys` and `size` were set whole, or once
         removals wore it: `id_index.worn`); returns its buckets."""
         live = tf.range(1, self.size + 1)
-        return id_index.rebuild(self.index, tf.gather(self.keys, live), live[:, None], 1)
+        keys = tf.gather(self.keys, live)
+        return id_index.rebuild(self.index, keys, live[:, None], 1, _INDEX_LOAD)
 
     @tf.function(
         input_signature=[

@@ -59,15 +59,18 @@ def live_entries(table, width: int) -> tuple[tf.Tensor, tf.Tensor]:
     return keys, values
 
 
-def rebuild(table, keys: tf.Tensor, values: tf.Tensor, width: int) -> tf.Tensor:
+def rebuild(
+    table, keys: tf.Tensor, values: tf.Tensor, width: int, load: float = 0.4
+) -> tf.Tensor:
     """Empties the DenseHashTable `table` into new buckets (room for `keys` at a load
-    of 40% at most, a power of two) and inserts `keys` -> `values` (its live entries);
-    returns the bucket count.
+    of `load` at most, a power of two: a table that churns wants room for tombstones, a
+    server's that mostly grows less) and inserts `keys` -> `values` (its live
+    entries); returns the bucket count.
 
     The import of buckets copies them as given (all empty here): what clears the
     tombstones. The churn test of `HashEmbedding` fails if that changes.
     """
-    wanted = tf.maximum(tf.cast(tf.size(keys), tf.float64) * 2.5, INITIAL_BUCKETS)
+    wanted = tf.maximum(tf.cast(tf.size(keys), tf.float64) / load, INITIAL_BUCKETS)
     two = tf.constant(2.0, tf.float64)
     buckets = tf.cast(tf.pow(two, tf.math.ceil(tf.math.log(wanted) / tf.math.log(two))), tf.int64)
 
