@@ -64,6 +64,7 @@ from recommendation.online.sources.connect import make_source
 from recommendation.online.sources.event_stream import EventStream
 from recommendation.online.sources.kafka_connection import KafkaAccessError, KafkaOptions
 from recommendation.online.sources.redis_connection import RedisAccessError, RedisOptions
+from recommendation.serving import publication_channels
 from recommendation.training import ncf_flags
 
 
@@ -101,6 +102,8 @@ class OnlineConfig:
             publications since the last version add up to its size).
         publish_every_secs: Publication cadence: what changed since the last one, for
             servers to apply in place (`publishing`; 0: none).
+        publication_channel: Publish to this Kafka topic or Redis stream of the source's
+            broker instead of ``EXPORT_DIR/publications/`` (`publication_channels`).
         log_every_secs: Metric log cadence.
         max_events, max_seconds, idle_timeout_secs: Stop conditions (None: none).
         trained_events_log: Append the source id of every trained event here (audit).
@@ -144,6 +147,7 @@ class OnlineConfig:
     export_every_steps: int | None = None
     export_every_secs: float | None = 300.0
     publish_every_secs: float = 0.5
+    publication_channel: str | None = None
     log_every_secs: float = 10.0
     max_events: int | None = None
     max_seconds: float | None = None
@@ -156,11 +160,12 @@ class OnlineConfig:
     cluster_wait_secs: float = 300.0
 
 
-def make_callbacks(config: OnlineConfig) -> list[Callback]:
+def make_callbacks(config: OnlineConfig, channel=None) -> list[Callback]:
     """Audit log (first: an event is logged before a checkpoint can vouch for it),
     metrics (before the checkpoint and export, so that the last report, at the end,
     measures the training and not the durable save and export made when it stops),
-    the tables watched, checkpoint, export and stop conditions."""
+    the tables watched, checkpoint, export (its publications to `channel`: None, the
+    export folder) and stop conditions."""
     checkpoint = callbacks.CheckpointCallback(
         config.model_dir,
         config.checkpoint_every_steps,
@@ -198,6 +203,7 @@ def make_callbacks(config: OnlineConfig) -> list[Callback]:
                 config.export_every_secs,
                 config.keep_exports,
                 config.publish_every_secs or None,
+                channel,
             )
         )
     if config.max_events or config.max_seconds or config.idle_timeout_secs:
@@ -244,7 +250,10 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
         config.model, config.amp_level, config.boost_level, connection
     )
     source = make_source(config, redis_access, kafka_access)
-    chosen = make_callbacks(config)
+    channel = publication_channels.make_channel(
+        config.export_dir, config.publication_channel, redis_access, kafka_access
+    )
+    chosen = make_callbacks(config, channel)
     try:
         summary = rec_model.online_train(
             EventStream(source, config.batch_size, config.linger_seconds),
@@ -373,6 +382,12 @@ ONLINE_FLAGS = (
         "whole versions).",
         checks=(NON_NEGATIVE,),
     ),
+    FlagSpec(
+        "publication_channel",
+        "Publish to this Kafka topic (of --kafka_servers) or Redis stream (of "
+        "--redis_url) instead of --export_dir's publications/ folder, for servers that "
+        "read it (ncf-serve --publication_channel); the versions stay in --export_dir.",
+    ),
     FlagSpec("log_every_secs", "Metric log cadence.", checks=(POSITIVE,)),
     FlagSpec("max_events", "Stop after this many events.", checks=(POSITIVE_OR_UNSET,)),
     FlagSpec("max_seconds", "Stop after this long.", checks=(POSITIVE_OR_UNSET,)),
@@ -425,6 +440,15 @@ ONLINE_FLAGS = (
         ),
         "--evict_filter_value N is both tables' policy ttl:N: give it or "
         "--user_evict_policy/--item_evict_policy, not both",
+    ),
+    Rule(
+        ("publication_channel", "redis_url", "kafka_servers", "export_dir"),
+        lambda values: (
+            not values["publication_channel"]
+            or bool((values["redis_url"] or values["kafka_servers"]) and values["export_dir"])
+        ),
+        "--publication_channel is a topic or stream of the source's broker: give it with "
+        "--kafka_servers or --redis_url, and --export_dir for the versions",
     ),
     Rule(
         ("checkpoint_every_steps", "checkpoint_every_secs"),

@@ -30,8 +30,11 @@ from absl import app, flags, logging
 
 from official.core import signals
 from official.utils.flags import core
-from official.utils.flags.core import NON_NEGATIVE, POSITIVE, FlagSpec
+from official.utils.flags.core import NON_NEGATIVE, POSITIVE, FlagSpec, Rule
 from official.utils.misc import errors
+from recommendation.online.sources import kafka_connection, redis_connection
+from recommendation.online.sources.kafka_connection import KafkaAccessError, KafkaOptions
+from recommendation.online.sources.redis_connection import RedisAccessError, RedisOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,9 @@ class ServeConfig:
         file_system_poll_wait_seconds: How often to look for a new version.
         publication_poll_wait_seconds: How often to look for the next publication.
         max_instances: Most users or pairs one request may hold.
+        publication_channel: The trainer's Kafka topic or Redis stream of publications
+            (its --publication_channel; None: the folder's ``publications/``).
+        redis, kafka: The broker of that channel (its URL or servers, credentials, TLS).
     """
 
     model_name: str = "default"
@@ -56,6 +62,9 @@ class ServeConfig:
     file_system_poll_wait_seconds: float = 1.0
     publication_poll_wait_seconds: float = 0.05
     max_instances: int = 1024
+    publication_channel: str | None = None
+    redis: RedisOptions = RedisOptions()
+    kafka: KafkaOptions = KafkaOptions()
 
 
 SERVE_FLAGS = (
@@ -80,6 +89,22 @@ SERVE_FLAGS = (
         checks=(POSITIVE,),
     ),
     FlagSpec("max_instances", "Most users or pairs one request may hold.", checks=(POSITIVE,)),
+    FlagSpec(
+        "publication_channel",
+        "Read the trainer's publications from this Kafka topic (of --kafka_servers) or "
+        "Redis stream (of --redis_url): its --publication_channel.",
+    ),
+    *core.under(redis_connection.REDIS_FLAGS, "redis"),
+    *core.under(kafka_connection.KAFKA_FLAGS, "kafka"),
+    Rule(
+        ("publication_channel", "redis_url", "kafka_servers"),
+        lambda values: (
+            not values["publication_channel"]
+            or bool(values["redis_url"]) != bool(values["kafka_servers"])
+        ),
+        "--publication_channel is a topic or stream: give its broker, --kafka_servers or "
+        "--redis_url (one of them)",
+    ),
 )
 
 
@@ -105,7 +130,10 @@ def listen(host: str, port: int) -> socket.socket:
         ServeError: It cannot be bound (the port is taken, the address is not here).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # TCP named: asyncio sets TCP_NODELAY on the connections of a TCP socket only, and
+    # without it a kept-alive connection waited 40 ms (Nagle's algorithm and a delayed
+    # ACK) for every answer after its first.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -128,15 +156,22 @@ def serve(config: ServeConfig) -> None:
     """
     import uvicorn  # the serve extra's
 
-    from recommendation.serving import rest_api
+    from recommendation.serving import publication_channels, rest_api
     from recommendation.serving.live_model import LiveModel
 
+    channel = publication_channels.make_channel(
+        config.model_base_path,
+        config.publication_channel,
+        redis_connection.resolve(config.redis) if config.redis.url else None,
+        kafka_connection.resolve(config.kafka) if config.kafka.servers else None,
+    )
     sock = listen(config.rest_api_host, config.rest_api_port)
     host, port = sock.getsockname()[:2]
     live = LiveModel(
         config.model_base_path,
         config.file_system_poll_wait_seconds,
         config.publication_poll_wait_seconds,
+        channel,
     )
     api = rest_api.PredictApi(config.model_name, live, config.max_instances)
     application = rest_api.make_app(api, config.rest_api_num_threads)
@@ -164,14 +199,14 @@ def serve(config: ServeConfig) -> None:
 def main(argv: list[str]) -> None:
     del argv  # the flags parser refused any other argument
     config = config_from_flags(flags.FLAGS)
-    with errors.exit_on_user_errors(ServeError):
+    with errors.exit_on_user_errors(ServeError, RedisAccessError, KafkaAccessError):
         serve(config)
 
 
 def run_main() -> None:
     """Console-script entry point (``ncf-serve``)."""
     define_serve_flags()
-    app.run(main, flags_parser=errors.command_line_parser())
+    app.run(main, flags_parser=redis_connection.parse_flags)
 
 
 if __name__ == "__main__":

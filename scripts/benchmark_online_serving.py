@@ -77,7 +77,7 @@ flags.DEFINE_integer("trainer_live_ids", 1_000_000, "New users of the trainer pa
 flags.DEFINE_integer("repeats", 2, "Rounds of the trainer part (its runs take turns).")
 flags.DEFINE_integer("served_events", 800_000, "ML-1M ratings trained before the server part.")
 flags.DEFINE_integer("wrk_connections", 4, "Connections wrk keeps open.")
-flags.DEFINE_float("wrk_seconds", 20, "Length of each wrk run.")
+flags.DEFINE_integer("wrk_seconds", 20, "Length of each wrk run.")
 flags.DEFINE_string("plot_dir", None, "Also draw serving-freshness.png there (matplotlib).")
 flags.DEFINE_integer("seed", 1, "Seed of the models and of the new users' items.")
 flags.mark_flag_as_required("ratings")
@@ -333,38 +333,61 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray, live_ids: int,
 
 
 def _trainer_rates(redis_url: str, work_dir: str, events: np.ndarray) -> dict:
-    """Steady events/s with and without publications, taking turns (module docstring)."""
+    """Steady events/s with and without publications, taking turns (module docstring):
+    on ML-1M with --trainer_live_ids users held (each run resumes a copy of one model
+    trained on that many new users first), and while they flood in (the new users
+    themselves, each event a new row to publish: the worst case)."""
     client = online_runs.redis_client(redis_url)
-    stream = "rate"
-    rows = np.concatenate(
-        [online_runs.new_user_events(events, FLAGS.trainer_live_ids, FLAGS.seed), events]
-    )
-    replay_events.replay(replay_events.RedisPublisher(client, stream), rows, rate=0, chunk=5000)
+    publisher = replay_events.RedisPublisher(client, "flood")
+    new_users = online_runs.new_user_events(events, FLAGS.trainer_live_ids, FLAGS.seed)
+    replay_events.replay(publisher, new_users, rate=0, chunk=5000)
+    # ML-1M three times over: the run's first version (a copy of the users held, written
+    # beside training) weighs on its rate as it would on a trainer that runs for long.
+    steady = np.concatenate([events] * 3)
+    replay_events.replay(replay_events.RedisPublisher(client, "steady"), steady, 0, chunk=5000)
     capacity = 1 << (FLAGS.trainer_live_ids + online_runs.ML_1M_USERS).bit_length()
+    warm = os.path.join(work_dir, "rate-warm")
+    warm_up = _trainer(
+        work_dir,
+        "rate-warm",
+        "flood",
+        redis_url,
+        f"--user_capacity={capacity}",
+        "--idle_timeout_secs=3",
+        "--publish_every_secs=0",
+    )
+    if warm_up.process.wait() != 0:
+        sys.exit(f"error: the warm-up trainer failed: see {warm_up.log}")
     ways = {"publications (default)": (), "no publications": ("--publish_every_secs=0",)}
-    rates: dict[str, list[float]] = {way: [] for way in ways}
+    rates = {(stream, way): [] for stream in ("steady", "flood") for way in ways}
     for round_index in range(FLAGS.repeats):
-        for number, (way, more) in enumerate(ways.items()):
-            name = f"rate-{number}-{round_index}"
-            export_dir = os.path.join(work_dir, name, "export")
-            trainer = _trainer(
-                work_dir,
-                name,
-                stream,
-                redis_url,
-                f"--export_dir={export_dir}",
-                f"--user_capacity={capacity}",
-                "--idle_timeout_secs=3",
-                *more,
-            )
-            if trainer.process.wait() != 0:
-                sys.exit(f"error: the trainer failed: see {trainer.log}")
-            summary = _summary(work_dir, name)
-            rate = online_runs.sustained_events_per_second(summary)
-            rates[way].append(rate)
-            logging.info("%s, round %d: %s events/s", way, round_index + 1, f"{rate:,.0f}")
-    client.delete(stream)
-    return {"rates": rates, "events": len(rows), "summary": summary}
+        for stream in ("steady", "flood"):
+            for number, (way, more) in enumerate(ways.items()):
+                name = f"rate-{stream}-{number}-{round_index}"
+                if stream == "steady":  # the model holding the new users, resumed
+                    shutil.copytree(
+                        os.path.join(warm, "model"), os.path.join(work_dir, name, "model")
+                    )
+                trainer = _trainer(
+                    work_dir,
+                    name,
+                    stream,
+                    redis_url,
+                    f"--export_dir={os.path.join(work_dir, name, 'export')}",
+                    f"--user_capacity={capacity}",
+                    "--idle_timeout_secs=3",
+                    *more,
+                )
+                if trainer.process.wait() != 0:
+                    sys.exit(f"error: the trainer failed: see {trainer.log}")
+                rate = online_runs.sustained_events_per_second(_summary(work_dir, name))
+                rates[stream, way].append(rate)
+                logging.info(
+                    "%s, %s, round %d: %s events/s", stream, way, round_index + 1, f"{rate:,.0f}"
+                )
+    for stream in ("flood", "steady"):
+        client.delete(stream)
+    return {"rates": rates, "events": {"steady": len(steady), "flood": len(new_users)}}
 
 
 WRK_SCRIPT = """
@@ -389,6 +412,7 @@ def _wrk(port: int, script: str) -> dict:
             "-t1",
             f"-c{FLAGS.wrk_connections}",
             f"-d{FLAGS.wrk_seconds}s",
+            "--timeout=10s",
             "--latency",
             "-s",
             script,
@@ -496,15 +520,22 @@ def _print_freshness(runs: list[dict]) -> None:
 
 def _print_trainer(result: dict) -> None:
     rates = result["rates"]
-    means = {way: float(np.mean(values)) for way, values in rates.items()}
     print(
-        f"trainer: steady events/s, {FLAGS.trainer_live_ids:,} new users then ML-1M "
-        f"({result['events']:,} events, unpaced), {FLAGS.repeats} rounds taking turns"
+        f"trainer: steady events/s, unpaced, {FLAGS.repeats} rounds taking turns; "
+        f"steady: ML-1M three times over ({result['events']['steady']:,} events) with "
+        f"{FLAGS.trainer_live_ids:,} users held; flood: {result['events']['flood']:,} new "
+        "users, each event a new row"
     )
-    for way, values in rates.items():
-        print(f"  {way:24} {means[way]:10,.0f}  ({', '.join(f'{v:,.0f}' for v in values)})")
-    ways = list(means)
-    print(f"  ratio {ways[0]} / {ways[1]}: {means[ways[0]] / means[ways[1]]:.3f}x\n")
+    for stream in ("steady", "flood"):
+        means = {}
+        for (kind, way), values in rates.items():
+            if kind == stream:
+                means[way] = float(np.mean(values))
+                runs = ", ".join(f"{v:,.0f}" for v in values)
+                print(f"  {stream:6} {way:24} {means[way]:10,.0f}  ({runs})")
+        ways = list(means)
+        print(f"  {stream:6} ratio {ways[0]} / {ways[1]}: {means[ways[0]] / means[ways[1]]:.3f}x")
+    print()
 
 
 def _print_server(results: dict) -> None:
@@ -557,29 +588,26 @@ def main(argv: list[str]) -> None:
     print(f"start: load average {online_runs.load_average()}")
     events = replay_events.load_events(FLAGS.ratings, movielens.DAT_FORMAT)
     redis_server, redis_url = online_runs.start_redis(work_dir)
-    fresh, rates, served = [], None, None
-    try:
+    try:  # each part's table as soon as it is measured
         if "freshness" in FLAGS.parts:
-            for live_ids in map(int, FLAGS.live_ids):
-                fresh.append(_freshness(redis_url, work_dir, events, live_ids, whole=False))
-            for live_ids in map(int, FLAGS.whole_version_ids):
-                fresh.append(_freshness(redis_url, work_dir, events, live_ids, whole=True))
+            fresh = [
+                _freshness(redis_url, work_dir, events, live_ids, whole=False)
+                for live_ids in map(int, FLAGS.live_ids)
+            ]
+            fresh += [
+                _freshness(redis_url, work_dir, events, live_ids, whole=True)
+                for live_ids in map(int, FLAGS.whole_version_ids)
+            ]
+            _print_freshness(fresh)
+            if FLAGS.plot_dir:
+                print(f"wrote {_plot(fresh, cpu)}\n")
         if "trainer" in FLAGS.parts:
-            rates = _trainer_rates(redis_url, work_dir, events)
+            _print_trainer(_trainer_rates(redis_url, work_dir, events))
         if "server" in FLAGS.parts:
-            served = _server_runs(redis_url, work_dir, events)
+            _print_server(_server_runs(redis_url, work_dir, events))
     finally:
         redis_server.terminate()
         redis_server.wait()
-    print()
-    if fresh:
-        _print_freshness(fresh)
-        if FLAGS.plot_dir:
-            print(f"wrote {_plot(fresh, cpu)}")
-    if rates is not None:
-        _print_trainer(rates)
-    if served is not None:
-        _print_server(served)
     print(f"end: load average {online_runs.load_average()}")
 
 

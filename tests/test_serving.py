@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -431,3 +432,23 @@ def _bad_requests_get_4xx_with_the_reason(server: _Server) -> None:
         answer[1]["item_ids"]
     )  # k cut to the items
     assert answer[0]["item_ids"][2:] == [-1] * (len(answer[0]["item_ids"]) - 2)
+
+
+def test_the_server_listens_on_a_tcp_socket_and_names_a_taken_port():
+    """Its connections get TCP_NODELAY from asyncio only if its socket says TCP (else a
+    kept-alive connection waits 40 ms for each answer after its first); a taken port is
+    an error that says what to do."""
+    from recommendation import serve_main
+
+    sock = serve_main.listen("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        port = sock.getsockname()[1]
+        with pytest.raises(serve_main.ServeError) as raised:
+            serve_main.listen("127.0.0.1", port)
+        assert str(raised.value) == (
+            f"cannot listen on 127.0.0.1:{port}: Address already in use; stop what listens "
+            "there or pass --rest_api_port (0: any free port) or --rest_api_host"
+        )
+    finally:
+        sock.close()

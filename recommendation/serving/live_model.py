@@ -35,7 +35,7 @@ from absl import logging
 
 from recommendation.online.state import versioned_export
 from recommendation.online.tables import id_index
-from recommendation.serving import publications
+from recommendation.serving import publication_channels
 from recommendation.serving.online_version import OnlineVersion
 from recommendation.serving.publications import TABLES, Publication, PublicationError
 
@@ -133,6 +133,8 @@ class LiveModel:
             ``publications/``).
         version_poll_seconds: How often to look for a new version.
         publication_poll_seconds: How often to look for the next publication.
+        channel: Where the publications are (`publication_channels`; None: the
+            folder's ``publications/``).
     """
 
     def __init__(
@@ -140,8 +142,10 @@ class LiveModel:
         base_path: str,
         version_poll_seconds: float = 1.0,
         publication_poll_seconds: float = 0.05,
+        channel=None,
     ) -> None:
         self.base_path = base_path
+        self.channel = channel or publication_channels.Folder(base_path)
         self.version_poll_seconds = version_poll_seconds
         self.publication_poll_seconds = publication_poll_seconds
         self.served: Served | None = None
@@ -195,9 +199,11 @@ class LiveModel:
         while not self._stop.is_set():
             try:
                 self.poll()
-            except (tf.errors.OpError, OSError) as error:  # storage unreachable, say
+            except Exception as error:  # noqa: BLE001 (storage or a broker unreachable:
+                # said once, tried again; the model served stays, nothing stops following)
                 self._say_once(
-                    f"poll:{type(error).__name__}", f"cannot read {self.base_path}: {error}"
+                    f"poll:{type(error).__name__}",
+                    f"cannot read {self.base_path} or {self.channel.where}: {error}; trying again",
                 )
             self._stop.wait(self.publication_poll_seconds)
 
@@ -242,7 +248,7 @@ class LiveModel:
             if info["publication"] <= served.seq:
                 served.version = newest
                 return
-            if not self._stuck and publications.exists(self.base_path, served.run, served.seq + 1):
+            if not self._stuck and self.channel.exists(served.run, served.seq + 1):
                 return
         self._load(newest, path, info)
 
@@ -283,6 +289,7 @@ class LiveModel:
         )
         old = self.served
         self._stuck = False
+        self.channel.seek(float(info.get("copied_at", fresh.published_at)))
         while run is not None and (publication := self._next_publication(fresh)) is not None:
             self._apply(fresh, publication, swap=False)
         with self._lock.writing():
@@ -313,15 +320,15 @@ class LiveModel:
         (or is damaged or gone: said once, and the server waits for a version)."""
         seq = served.seq + 1
         try:
-            publication = publications.read(self.base_path, served.run, seq)
+            publication = self.channel.read(served.run, seq)
         except PublicationError as error:
             self._stall(served, f"publication {seq} of run {served.run}: {error}")
             return None
-        if publication is None and publications.exists(self.base_path, served.run, seq + 1):
+        if publication is None and self.channel.exists(served.run, seq + 1):
             self._stall(
                 served,
-                f"publication {seq} of run {served.run} is missing (the one after it is "
-                f"there: {publications.path(self.base_path, served.run, seq)} was deleted)",
+                f"publication {seq} of run {served.run} is missing from {self.channel.where} "
+                "(the one after it is there)",
             )
         return publication
 

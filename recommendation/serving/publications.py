@@ -161,16 +161,15 @@ def path(export_base: str, run: str, seq: int) -> str:
     return os.path.join(run_folder(export_base, run), f"{seq:010d}{SUFFIX}")
 
 
-def write(export_base: str, publication: Publication) -> int:
-    """Writes `publication` into `export_base` whole or not at all; returns its bytes.
+def write(export_base: str, run: str, seq: int, data: bytes) -> None:
+    """Writes publication `seq` of `run` (`data`: `encode`'s) into `export_base`, whole or
+    not at all.
 
     Raises:
         OSError, tf.errors.OpError: It could not be written (a full disk, say).
     """
-    data = encode(publication)
-    tf.io.gfile.makedirs(run_folder(export_base, publication.run))
-    atomic.write_file(path(export_base, publication.run, publication.seq), data)
-    return len(data)
+    tf.io.gfile.makedirs(run_folder(export_base, run))
+    atomic.write_file(path(export_base, run, seq), data)
 
 
 def read(export_base: str, run: str, seq: int) -> Publication | None:

@@ -8,11 +8,13 @@ write) runs on the publisher's thread, so that training goes on meanwhile. One
 publication is in flight at a time: while it is being written, the changes of the
 next ones gather in the tables and go out together in the next.
 
-A publication that cannot be written (a full disk) is counted and logged
-(`WriteFailures`), and the next one is taken from where the failed one started, under
-its number: the chain a server follows never has a gap. `flush` makes the chain
-durable up to the model as it is now, which a full version needs before it says it
-holds the state of the chain's last publication.
+A publication goes to one channel (`publication_channels`): files beside the
+versions, or a Kafka topic or Redis stream. One that cannot be written to a folder (a
+full disk) is counted and logged (`WriteFailures`), and the next one is taken from
+where the failed one started, under its number: the chain a server follows never has
+a gap. A broker's channel sends it again as it is until it is taken. `flush` makes the
+chain durable up to the model as it is now, which a full version needs before it says
+it holds the state of the chain's last publication.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 from official.core import writer_lease
 from official.utils.misc.write_failures import WriteFailures
 from recommendation.online.online_ncf import OnlineNeuMF
-from recommendation.serving import publications
+from recommendation.serving import publication_channels, publications
 from recommendation.serving.online_version import dense_weights
 from recommendation.serving.publications import TABLES, Publication
 
@@ -49,23 +51,35 @@ class Publisher:
     """Publishes the changes of `network` into `export_base` as publications of `run`.
 
     Args:
-        export_base: The folder of versions (publications go in its ``publications/``).
+        export_base: The folder of versions.
         run: This trainer run's token.
         network: The model whose changes are published.
         keys: Each table's ids by row (``0..size``) in the state the chain starts from
             (the run's first full version), to tell which ids later leave the tables.
+        channel: Where they go (`publication_channels`; None: ``publications/`` in
+            `export_base`).
     """
 
     def __init__(
-        self, export_base: str, run: str, network: OnlineNeuMF, keys: dict[str, np.ndarray]
+        self,
+        export_base: str,
+        run: str,
+        network: OnlineNeuMF,
+        keys: dict[str, np.ndarray],
+        channel=None,
     ) -> None:
         self.export_base, self.run, self.network = export_base, run, network
+        self.channel = channel or publication_channels.Folder(export_base)
         self.seq = 0  # of the last publication taken
         self.durable_seq = 0  # of the last one written
         self.bytes_written = 0  # since `bytes_written` was last reset (by the caller)
         self.rows: list[int] = []  # of each publication written
         self.seconds: list[float] = []  # from its take to its write, of each
-        self.failures = WriteFailures("a publication", export_base, "--export_dir")
+        self.failures = WriteFailures(
+            "a publication",
+            self.channel.where,
+            "--export_dir" if self.channel.takes_again else "--publication_channel",
+        )
         self._since = {name: int(table.step.numpy()) for name, table in _tables(network).items()}
         self._keys = {name: np.array(keys[name], np.int64) for name in TABLES}
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "ncf-publisher")
@@ -97,29 +111,37 @@ class Publisher:
         self._in_flight = _InFlight(future, publication.seq, since)
         return True
 
-    def flush(self, step: int, position: Any) -> bool:
-        """Publishes what is pending and waits until the chain is written up to the
-        model as it is now (one retry of a failed write); returns whether it is."""
+    def flush(self, step: int, position: Any, timeout: float | None = None) -> bool:
+        """Publishes what is pending and waits (at most `timeout` s each time) until the
+        chain is written up to the model as it is now (one retry of a failed write);
+        returns whether it is."""
         for _ in range(2):
-            self.wait()
+            if not self.wait(timeout):
+                return False  # a broker that does not take it: the next version waits
             self._settle()
             if not self.pending:
                 return True
             self.publish(step, position)
-        self.wait()
-        self._settle()
-        return not self.pending
+        done = self.wait(timeout)
+        if done:
+            self._settle()
+        return done and not self.pending
 
-    def wait(self) -> None:
-        """Waits for the publication in flight, if any."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits (at most `timeout` s) for the publication in flight; returns whether
+        none is in flight."""
         if self._in_flight is not None:
-            concurrent.futures.wait([self._in_flight.future])
+            concurrent.futures.wait([self._in_flight.future], timeout)
+        return not self.busy
 
     def close(self) -> None:
-        """Waits for the publication in flight and stops the publisher's thread."""
+        """Waits for the publication in flight (one a broker does not take is given up)
+        and stops the publisher's thread and channel."""
+        self.channel.closing = True
         self.wait()
         self._settle()
         self._executor.shutdown()
+        self.channel.close()
 
     def _settle(self) -> None:
         """Takes note of the finished publication: on failure, the next one starts where
@@ -154,10 +176,12 @@ class Publisher:
         for name in TABLES:
             changes = publication.tables[name]
             changes["deleted"], moved[name] = self._left(name, changes)
+        data = publications.encode(publication)
         with self.failures.guard():
             # A trainer whose export folder another took over writes nothing more there.
             writer_lease.check_held(self.export_base)
-            self.bytes_written += publications.write(self.export_base, publication)
+            self.channel.write(publication, data)
+            self.bytes_written += len(data)
             self._keys = moved
             self.rows.append(publication.rows)
             self.seconds.append(time.perf_counter() - taken)
@@ -178,4 +202,5 @@ class Publisher:
         kept = min(held, size) + 1
         after[:kept] = keys[:kept]
         after[slots] = changes["keys"]
-        return np.setdiff1d(gone, changes["keys"]), after
+        # (Ids leave a table only when it evicts: mostly none, and nothing to sort.)
+        return (np.setdiff1d(gone, changes["keys"]) if len(gone) else gone), after

@@ -25,8 +25,8 @@ exporter writes to a folder at a time: ncf-online holds its lease
 more there.
 
 The publications of a run's changes between versions (`serving.publications`) live
-beside the versions, in ``publications/``, and go with them: once a version is
-written, the publications that no kept version needs are deleted.
+beside the versions, in ``publications/``: once a version is written, those it holds
+are deleted (a server still behind it loads it).
 
 (ncf-main's one-off SavedModel and ONNX export of a trained model is
 `recommendation/export.py`; this module knows no model: `serving.online_version` says
@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from official.core import writer_lease
 from official.utils.misc import atomic
-from recommendation.serving import publications
+from recommendation.serving import publication_channels
 
 INFO_FILE = "export_info.json"
 # Written last, in this order, on gs:// (`atomic.replace_folder`): a version whose info
@@ -99,12 +99,21 @@ class Exporter:
         module: What to save.
         signatures: Serving signatures (``{"serving_default": fn}``).
         keep: Versions kept; older ones are removed.
+        channel: Where the publications between versions go
+            (`publication_channels`; None: the folder's ``publications/``): what no
+            kept version needs is pruned from it.
     """
 
     def __init__(
-        self, export_base: str, module: tf.Module, signatures: dict, keep: int = 3
+        self,
+        export_base: str,
+        module: tf.Module,
+        signatures: dict,
+        keep: int = 3,
+        channel=None,
     ) -> None:
         self.export_base, self.keep = export_base, keep
+        self.channel = channel or publication_channels.Folder(export_base)
         self.module, self.signatures = module, signatures
         self._graph_files: dict[str, bytes] | None = None
         self._variables = tf.train.Checkpoint(root=module)
@@ -146,19 +155,17 @@ class Exporter:
         # time): on gs://, a version it was copying into place or deleting.
         for old in sorted(set(numbered) - set(complete[-self.keep :])):
             atomic.remove_folder(os.path.join(self.export_base, str(old)), markers=MARKERS)
-        self._prune_publications(complete[-self.keep :])
+        self._prune_publications(version)
         return final
 
-    def _prune_publications(self, kept: list[int]) -> None:
-        """Deletes the publications no kept version needs: those at or before the
-        oldest kept version of their run, and those of runs with no version kept."""
-        needed: dict[str, int] = {}
-        for version in kept:
-            info = read_info(os.path.join(self.export_base, str(version)))
-            if "run" in info:
-                first = info["publication"] + 1
-                needed[info["run"]] = min(needed.get(info["run"], first), first)
-        publications.prune(self.export_base, needed)
+    def _prune_publications(self, newest: int) -> None:
+        """Deletes the publications a server no longer needs: those the newest version
+        holds, and those of other runs (a server behind it loads it)."""
+        info = read_info(os.path.join(self.export_base, str(newest)))
+        if "run" in info:
+            self.channel.prune(
+                {info["run"]: info["publication"] + 1}, info.get("copied_at", info["exported_at"])
+            )
 
 
 def _graph_files(saved_model_dir: str) -> dict[str, bytes]:

@@ -59,9 +59,7 @@ def live_entries(table, width: int) -> tuple[tf.Tensor, tf.Tensor]:
     return keys, values
 
 
-def rebuild(
-    table, keys: tf.Tensor, values: tf.Tensor, width: int, load: float = 0.4
-) -> tf.Tensor:
+def rebuild(table, keys: tf.Tensor, values: tf.Tensor, width: int, load: float = 0.4) -> tf.Tensor:
     """Empties the DenseHashTable `table` into new buckets (room for `keys` at a load
     of `load` at most, a power of two: a table that churns wants room for tombstones, a
     server's that mostly grows less) and inserts `keys` -> `values` (its live
