@@ -570,6 +570,12 @@ def test_concepts_shared_with_ncf_main_are_its_flags():
         (["--kafka_servers=h:1"], "give exactly one source"),
         (["--kafka_cert_file=c.pem"], "give --kafka_cert_file and --kafka_key_file together"),
         (["--checkpoint_every_secs=0"], "--checkpoint_every_secs must be a positive number"),
+        (["--publish_every_secs=-1"], "--publish_every_secs must not be negative"),
+        (
+            ["--publication_channel=pubs", "--export_dir=/x"],
+            "--publication_channel is a topic or stream of the source's broker: give it with "
+            "--kafka_servers or --redis_url, and --export_dir for the versions",
+        ),
     ],
 )
 def test_bad_flags_are_rejected(args, message):

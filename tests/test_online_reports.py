@@ -138,6 +138,32 @@ def test_an_export_that_cannot_be_written_costs_no_training_and_is_retried(tmp_p
     )
 
 
+def _online_on_a_full_disk(tmp_path, events: int, *flags: str):
+    """ncf-online on `events` events of 50 users and 9 items, its --export_dir a 16 KiB
+    tmpfs (`run_module_on_a_tmpfs`: the result and what is left there), its model_dir
+    on a disk with room, versions by steps only."""
+    found = _write_events(tmp_path / "events", [(user % 50, user % 9) for user in range(events)])
+    (tmp_path / "disk").mkdir()
+    return run_module_on_a_tmpfs(
+        tmp_path / "disk",
+        "size=16k",
+        "recommendation.online_main",
+        f"--events_dir={found}",
+        f"--model_dir={tmp_path / 'model'}",
+        f"--export_dir={tmp_path / 'disk'}",
+        "--num_factors=4",
+        "--layers=8,4",
+        "--user_capacity=64",
+        "--item_capacity=16",
+        "--batch_size=64",
+        "--sink_size=1",
+        "--export_every_secs=100000",
+        f"--max_events={events}",
+        "--seed=1",
+        *flags,
+    )
+
+
 @pytest.mark.integration
 def test_exports_to_a_full_disk_leave_training_and_checkpoints_whole(tmp_path):
     # --export_dir on a real full disk (a 16 KiB tmpfs in a private mount namespace),
@@ -146,27 +172,9 @@ def test_exports_to_a_full_disk_leave_training_and_checkpoints_whole(tmp_path):
     # on a thread of their own: one due while another is written waits for the next
     # sink, so that there are 2 or 3 of them. A publication that cannot be written:
     # tests/test_publishing.py.)
-    events = _write_events(tmp_path / "events", [(user % 50, user % 9) for user in range(640)])
-    disk, model = tmp_path / "disk", tmp_path / "model"
-    disk.mkdir()
-    result, left = run_module_on_a_tmpfs(
-        disk,
-        "size=16k",
-        "recommendation.online_main",
-        f"--events_dir={events}",
-        f"--model_dir={model}",
-        f"--export_dir={disk}",
-        "--num_factors=4",
-        "--layers=8,4",
-        "--user_capacity=64",
-        "--item_capacity=16",
-        "--batch_size=64",
-        "--sink_size=1",
-        "--export_every_steps=4",
-        "--export_every_secs=100000",
-        "--publish_every_secs=0",
-        "--max_events=640",
-        "--seed=1",
+    model, disk = tmp_path / "model", tmp_path / "disk"
+    result, left = _online_on_a_full_disk(
+        tmp_path, 640, "--export_every_steps=4", "--publish_every_secs=0"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     [summary] = [line for line in result.stdout.splitlines() if line.startswith("online:")]
@@ -192,27 +200,8 @@ def test_publications_to_a_full_disk_cost_no_training_and_leave_their_chain_with
     every event is trained and checkpointed, one line says so, and what is left on the
     disk is whole publications numbered 1, 2, ... without a gap, a failed one being
     taken again under its number."""
-    events = _write_events(tmp_path / "events", [(user % 50, user % 9) for user in range(3000)])
-    disk, model = tmp_path / "disk", tmp_path / "model"
-    disk.mkdir()
-    result, left = run_module_on_a_tmpfs(
-        disk,
-        "size=16k",
-        "recommendation.online_main",
-        f"--events_dir={events}",
-        f"--model_dir={model}",
-        f"--export_dir={disk}",
-        "--num_factors=4",
-        "--layers=8,4",
-        "--user_capacity=64",
-        "--item_capacity=16",
-        "--batch_size=64",
-        "--sink_size=1",
-        "--export_every_secs=100000",
-        "--publish_every_secs=0.01",
-        "--max_events=3000",
-        "--seed=1",
-    )
+    model, disk = tmp_path / "model", tmp_path / "disk"
+    result, left = _online_on_a_full_disk(tmp_path, 3000, "--publish_every_secs=0.01")
     assert result.returncode == 0, result.stderr[-3000:]
     [summary] = [line for line in result.stdout.splitlines() if line.startswith("online:")]
     failed = re.fullmatch(

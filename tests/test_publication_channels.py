@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_serving import _publish, _step
 
-from recommendation.data import constants
 from recommendation.online import callbacks, online_ncf
 from recommendation.online.sources import kafka_connection, redis_connection
 from recommendation.online.sources.kafka_connection import KafkaOptions
@@ -23,24 +23,6 @@ from recommendation.serving.live_model import LiveModel
 from recommendation.serving.online_version import OnlineVersion
 
 pytestmark = pytest.mark.integration
-
-
-def _step(rec_model, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    batch = {
-        constants.USER_COLUMN: rng.integers(0, 100, [1, 64]),
-        constants.ITEM_COLUMN: rng.integers(0, 30, [1, 64]),
-        constants.TIME_COLUMN: np.zeros([1, 64], np.int64),
-    }
-    rec_model.train(1, [batch], dataset_sink_mode=False)
-
-
-def _publish(export: callbacks.ExportCallback, count: int, seed: int) -> None:
-    for index in range(count):
-        _step(export.rec_model, seed + index)
-        step = int(export.rec_model.step.numpy())
-        assert export.publisher.publish(step, {"step": step})
-        assert export.publisher.wait(60)
 
 
 def _holds_the_model(server: LiveModel, network) -> None:

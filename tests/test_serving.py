@@ -260,7 +260,7 @@ def _publish(export: callbacks.ExportCallback, count: int, seed: int) -> None:
         _step(export.rec_model, seed + index)
         step = int(export.rec_model.step.numpy())
         assert export.publisher.publish(step, {"step": step})
-        export.publisher.wait()
+        assert export.publisher.wait(60)
 
 
 def _answers(server: _Server) -> list:
@@ -452,3 +452,40 @@ def test_the_server_listens_on_a_tcp_socket_and_names_a_taken_port():
         )
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--publication_channel=pubs"],
+            "--publication_channel is a topic or stream: give its broker, --kafka_servers or "
+            "--redis_url (one of them)",
+        ),
+        (["--rest_api_port=-1"], "--rest_api_port must not be negative"),
+        (["--max_instances=0"], "--max_instances must be a positive number"),
+    ],
+)
+def test_bad_server_flags_are_refused_with_the_reason(args, message):
+    from absl import flags as absl_flags
+
+    from recommendation import serve_main
+
+    flag_values = absl_flags.FlagValues()
+    serve_main.define_serve_flags(flag_values)
+    with pytest.raises(absl_flags.IllegalFlagValueError, match=re.escape(message)):
+        flag_values(["ncf-serve", "--model_base_path=/e", *args])
+
+
+def test_the_default_server_flags_are_tensorflow_servings_and_the_configs():
+    from absl import flags as absl_flags
+
+    from recommendation import serve_main
+
+    flag_values = absl_flags.FlagValues()
+    serve_main.define_serve_flags(flag_values)
+    flag_values(["ncf-serve", "--model_base_path=/e"])
+    config = serve_main.config_from_flags(flag_values)
+    assert config == serve_main.ServeConfig(model_base_path="/e")
+    assert (config.model_name, config.rest_api_port) == ("default", 8501)
+    assert config.file_system_poll_wait_seconds == 1.0

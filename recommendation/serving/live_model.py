@@ -201,9 +201,9 @@ class LiveModel:
                 self.poll()
             except Exception as error:  # noqa: BLE001 (storage or a broker unreachable:
                 # said once, tried again; the model served stays, nothing stops following)
+                where = " and ".join(sorted({self.base_path, self.channel.where}))
                 self._say_once(
-                    f"poll:{type(error).__name__}",
-                    f"cannot read {self.base_path} or {self.channel.where}: {error}; trying again",
+                    f"poll:{type(error).__name__}", f"cannot read {where}: {error}; trying again"
                 )
             self._stop.wait(self.publication_poll_seconds)
 
