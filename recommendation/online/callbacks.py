@@ -178,7 +178,7 @@ class ExportCallback(Callback):
     Args:
         export_base: Folder of versions.
         every_steps, every_seconds: Version cadence.
-        keep: Versions kept (and the publications after the oldest of them).
+        keep: Versions kept.
         publish_every_seconds: Publication cadence (None: no publications).
         channel: Where publications go (`publication_channels`; None: the folder's
             ``publications/``).
@@ -261,6 +261,7 @@ class ExportCallback(Callback):
     def act(self) -> bool:
         """Copies the model into the next version and starts writing it (after the
         publications before it, if any, are written); returns whether it did."""
+        self.wait()  # one version at a time: the module is copied into, then written
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
         self.schedule.mark(step)
