@@ -182,6 +182,7 @@ def _restores(rec_model, saver: callbacks.CheckpointCallback, users, items, time
         batches = _batches(users[part], items[part], times[part], FLAGS.batch_size)
         rec_model.online_train(batches, [], sink_size=4)
         saver.act()
+        saver.finish()  # a full one is written beside training: on disk before going on
         start = (start + interval) % len(users)
     manifest = saver.deltas.manifest
     on_disk = {

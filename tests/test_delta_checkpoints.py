@@ -350,6 +350,7 @@ def test_a_restore_rebuilds_an_index_saved_with_an_id_held_twice(tmp_path):
     assert int(index.size()) == len(keys) + 1
     assert index.lookup(keys).numpy().tolist() == slots.numpy().tolist()
     saver.act()
+    saver.finish()
     (tmp_path / delta_checkpoints.MANIFEST).unlink()  # (with one, deltas were applied)
     resumed, _ = _restored(tmp_path, full_every=1)
     restored = resumed.network.user_embedding

@@ -80,6 +80,7 @@ def test_the_online_trainer_names_a_checkpoint_of_other_model_flags(tmp_path):
     saver.set_rec_model(first)
     saver.on_train_begin()
     saver.act()
+    saver.finish()
     wider = online_ncf.build_rec_model(online_ncf.OnlineParams(**{**ONLINE.__dict__, "mf_dim": 6}))
     restorer = callbacks.CheckpointCallback(str(tmp_path), every_steps=1)
     restorer.set_rec_model(wider)
@@ -291,3 +292,26 @@ def test_the_online_trainer_resumes_from_the_newest_intact_checkpoint(tmp_path, 
         "source can deliver them again",
         warning,
     ), warning
+
+
+def test_a_checkpoint_written_beside_training_holds_the_model_as_it_was_when_saved(tmp_path):
+    """`save_checkpoint` with `written`: TensorFlow's async checkpoint copies every
+    value first (a Keras 3 model's, at every save: `_copy_keras_variables_once`), so
+    what is written is the model when it was called, whatever trains after; `written`
+    hears of it once its files are on disk, and `wait_for_checkpoint` lists it."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    checkpoint = tf.train.Checkpoint(model=model)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=3)
+    for step in (1, 2):
+        saved = [weight.numpy() for weight in model.weights]
+        heard = []
+        path = model_dir.save_checkpoint(manager, step, durable=True, written=heard.append)
+        for weight in model.weights:  # training goes on
+            weight.assign(weight + 1.0)
+        model_dir.wait_for_checkpoint(checkpoint, manager, step)
+        assert heard == [path] == [str(tmp_path / f"ckpt-{step}")]
+        restored = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        tf.train.Checkpoint(model=restored).read(path).assert_existing_objects_matched()
+        for weight, value in zip(restored.weights, saved, strict=True):
+            np.testing.assert_array_equal(weight.numpy(), value)
+    assert manager.checkpoints == [str(tmp_path / "ckpt-1"), str(tmp_path / "ckpt-2")]

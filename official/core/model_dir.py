@@ -326,7 +326,12 @@ def _go_on_from(manager: tf.train.CheckpointManager, restored: str, damaged: lis
     manager._latest_checkpoint = restored
 
 
-def save_checkpoint(manager: tf.train.CheckpointManager, step: int, durable: bool = False) -> str:
+def save_checkpoint(
+    manager: tf.train.CheckpointManager,
+    step: int,
+    durable: bool = False,
+    written: Callable[[str], None] | None = None,
+) -> str:
     """Writes checkpoint `step` through `manager`; returns its path.
 
     Args:
@@ -334,25 +339,84 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int, durable: boo
         step: The checkpoint's number (the training step).
         durable: Flush its files and the folder to disk before returning (local
             paths; object stores make a finished write durable themselves).
+        written: Write it on TensorFlow's checkpoint thread instead (its async
+            checkpoint copies every value first, so the caller goes on at once), and
+            call ``written(path)`` there once its files are on disk (flushed when
+            `durable`); `wait_for_checkpoint` says when it is listed, or raises what
+            failed.
 
     Raises:
         ModelDirError: It could not be written (a full disk, no permission); what it
             had written is removed and the previous checkpoint stays the latest.
     """
+    if written is not None:
+        _copy_keras_variables_once()
+
+        def on_disk(path: str) -> None:
+            if durable:
+                flush_to_disk(path)
+            _remember_intact(path)
+            written(path)
+
+        options = tf.train.CheckpointOptions(
+            experimental_enable_async_checkpoint=True, experimental_write_callbacks=[on_disk]
+        )
+        return manager.save(checkpoint_number=step, options=options)
     try:
         path = manager.save(checkpoint_number=step)
         if durable:
             flush_to_disk(path)
     except (tf.errors.OpError, OSError) as error:
-        _remove_partial(manager.directory, step)
-        kept = manager.latest_checkpoint
-        failure = errors.write_failure(
-            error, f"checkpoint {step}", manager.directory, "--model_dir"
-        )
-        left = f"the last complete checkpoint is {kept}" if kept else "none was kept"
-        raise ModelDirError(f"{failure}; {left}") from None
+        raise _write_failure(manager, step, error) from None
     _remember_intact(path)
     return path
+
+
+def _copy_keras_variables_once() -> None:
+    """Lets TensorFlow's async checkpoint copy a Keras 3 variable more than once.
+
+    Its copy to host memory, traced once, calls each trackable's
+    ``_copy_trackable_to_cpu``; Keras 3's (keras/src/backend/tensorflow/core.py)
+    makes a new ``tf.Variable`` at every call, which a traced function refuses after its
+    first: the second async save of a Keras model failed. Here a Keras variable's copy
+    is its value's copy, made once and assigned at every save (what is written is the
+    value's tensors either way). Private to Keras: `tests/test_model_dir.py` saves twice
+    and fails if this stops holding.
+    """
+    from keras.src.backend.tensorflow.core import Variable as KerasVariable
+
+    def copy_to_cpu(self, object_map) -> None:
+        self.value._copy_trackable_to_cpu(object_map)
+        object_map[self] = object_map[self.value]
+
+    KerasVariable._copy_trackable_to_cpu = copy_to_cpu
+
+
+def wait_for_checkpoint(
+    checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager, step: int
+) -> None:
+    """Waits for checkpoint `step`, written by `checkpoint` on TensorFlow's thread
+    (`save_checkpoint` with `written`), until `manager` lists it, and flushes that list.
+
+    Raises:
+        ModelDirError: It could not be written (as `save_checkpoint`).
+    """
+    try:
+        checkpoint.sync()
+        flush_to_disk(os.path.join(manager.directory, "checkpoint"))
+    except (tf.errors.OpError, OSError) as error:
+        raise _write_failure(manager, step, error) from None
+
+
+def _write_failure(
+    manager: tf.train.CheckpointManager, step: int, error: Exception
+) -> ModelDirError:
+    """Removes what a failed save of checkpoint `step` left; the error that says so."""
+    _remove_partial(manager.directory, step)
+    kept = manager.latest_checkpoint
+    failure = errors.write_failure(error, f"checkpoint {step}", manager.directory, "--model_dir")
+    left = f"the last complete checkpoint is {kept}" if kept else "none was kept"
+    return ModelDirError(f"{failure}; {left}")
 
 
 def _remove_partial(directory: str, step: int) -> None:

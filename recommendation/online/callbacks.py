@@ -78,7 +78,10 @@ class CheckpointCallback(_Periodic):
     """Restores the newest intact checkpoint (and the deltas after it) at the start;
     saves every N steps or seconds and at the end (unless another process has taken
     over the folder's lease), full or, between full ones, a delta of what changed
-    (`delta_checkpoints`); after each save, commits the stream position it holds.
+    (`delta_checkpoints`); after each save is durable, commits the stream position it
+    holds. A full checkpoint is written while training goes on: its position is
+    committed once it is on disk, and a checkpoint due before then waits for it (the
+    disk is slower than the cadence: training waits too).
 
     Args:
         directory: Checkpoint folder.
@@ -103,6 +106,8 @@ class CheckpointCallback(_Periodic):
         # Of each durable checkpoint, by kind ("full", "delta"): seconds and bytes.
         self.seconds: dict[str, list[float]] = {"full": [], "delta": []}
         self.bytes: dict[str, list[int]] = {"full": [], "delta": []}
+        # The full checkpoint being written: its position and when it started.
+        self._writing: tuple[object, float] | None = None
 
     def on_train_begin(self, logs=None) -> None:
         rec_model = self.rec_model
@@ -127,9 +132,29 @@ class CheckpointCallback(_Periodic):
             logging.info("restored %s: step %d", latest, int(rec_model.step.numpy()))
         super().on_train_begin(logs)
 
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self._finish(wait=False)
+        super().on_train_batch_end(batch, logs)
+
+    def on_idle(self, logs=None) -> None:
+        self._finish(wait=False)
+        super().on_idle(logs)
+
+    def on_train_end(self, logs=None) -> None:
+        self.finish()
+        super().on_train_end(logs)
+        self.finish()
+
+    def finish(self) -> None:
+        """Waits for the full checkpoint being written, if any, and commits it."""
+        self._finish(wait=True)
+
     def act(self) -> str:
-        """Checkpoints now, makes it durable, then commits the stream position (a
-        commit made before the checkpoint is on disk could outlive what it vouches for)."""
+        """Checkpoints now (once the full checkpoint before it, if one is being written,
+        is on disk), then, once it is durable, commits the stream position it holds (a
+        commit made before the checkpoint is on disk could outlive what it vouches
+        for); returns its path."""
+        self.finish()
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
         # Another trainer that took this folder over must not lose its checkpoints to
@@ -137,12 +162,31 @@ class CheckpointCallback(_Periodic):
         writer_lease.check_held(self.directory)
         start = time.perf_counter()
         path, kind, size = self.deltas.save(step)
+        self.schedule.mark(step)
+        if size is None:  # a full one, on disk later
+            self._writing = (rec_model.position, start)
+            return path
         self.seconds[kind].append(time.perf_counter() - start)
         self.bytes[kind].append(size)
         rec_model.commit()
-        self.schedule.mark(step)
         logging.info("checkpoint %s", path)
         return path
+
+    def _finish(self, wait: bool) -> bool:
+        """Commits the position of the full checkpoint being written once it is on disk
+        (`wait`: waits for it); returns whether it did."""
+        if self._writing is None:
+            return False
+        written = self.deltas.finish(wait)
+        if written is None:
+            return False
+        (path, size), (position, start) = written, self._writing
+        self._writing = None
+        self.seconds["full"].append(time.perf_counter() - start)
+        self.bytes["full"].append(size)
+        self.rec_model.commit(position)
+        logging.info("checkpoint %s", path)
+        return True
 
 
 # A version is due once the publications since the last add up to this many times its

@@ -192,10 +192,11 @@ class RecModel(cluster.ClusterTraining):
         if self._dataset is not None and hasattr(self._dataset, "restore"):
             self._dataset.restore(self.position)
 
-    def commit(self) -> None:
-        """Tells the dataset that everything up to `position` is durably trained."""
+    def commit(self, position: Any = None) -> None:
+        """Tells the dataset that everything up to `position` (None: the last trained
+        batch's) is durably trained."""
         if self._dataset is not None and hasattr(self._dataset, "commit"):
-            self._dataset.commit(self.position)
+            self._dataset.commit(self.position if position is None else position)
 
     def _build_optimizer(self) -> None:
         if self.optimizer is None or self.optimizer.built:

@@ -20,7 +20,10 @@ it, with a warning.
 
 A full checkpoint is written every `full_every` checkpoints, and as soon as the deltas
 since the last one add up to its size (so a restore reads at most about twice a full
-checkpoint); once its manifest is in place, the deltas before it are deleted.
+checkpoint); once its manifest is in place, the deltas before it are deleted. It is
+written on TensorFlow's checkpoint thread (its async checkpoint: every value copied
+first), so that training goes on while the model's whole tables go to disk; the
+manifest names it, and its stream position is committed, once it is on disk.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 
 import keras
@@ -123,6 +127,9 @@ class DeltaCheckpoints:
         # {"full": name, "full_bytes": n, "deltas": [names], "delta_bytes": n}; None: the
         # next checkpoint is full.
         self.manifest: dict | None = None
+        # The full checkpoint being written: (path, step, set once on disk).
+        self.writing: tuple[str, int, threading.Event] | None = None
+        self._written_full: tuple[str, int] | None = None
 
     @staticmethod
     def _delta_checkpoint(
@@ -152,29 +159,37 @@ class DeltaCheckpoints:
             or manifest["delta_bytes"] >= manifest["full_bytes"]
         )
 
-    def save(self, step: int) -> tuple[str, str, int]:
-        """Writes checkpoint `step`, full or delta, durably (files, then manifest, each
-        flushed to disk); returns its path, ``"full"`` or ``"delta"``, and its bytes.
+    def save(self, step: int) -> tuple[str, str, int | None]:
+        """Starts checkpoint `step`, full or delta; returns its path, ``"full"`` or
+        ``"delta"``, and its bytes once written (None: later).
+
+        A delta (what changed: small) is written here, durably: files, then manifest,
+        each flushed to disk. A full checkpoint (the whole model: a second at 10^6 ids,
+        seconds at 10^7) is written on TensorFlow's checkpoint thread while training
+        goes on (every value copied first, `model_dir.save_checkpoint`), durably, its
+        manifest last; `finish` says when, and no checkpoint starts before it.
 
         Raises:
             ModelDirError: It could not be written; the checkpoints before it stand,
                 and the next one is full.
         """
+        if self.writing is not None:
+            raise RuntimeError(f"checkpoint {self.writing[0]} is being written: finish it first")
         full = self.next_is_full()
         self.manifest, manifest = None, self.manifest  # until this one is in place
         if full:
             self.rec_model.before_save()
             for table in self.rec_model.row_tables():
                 table.clear_changes()
-            path = model_dir.save_checkpoint(self.manager, step, durable=True)
-            size = _folder_bytes(path)
-            with self._write_failures(f"the manifest of checkpoint {step}"):
-                name = os.path.basename(path)
-                self._replace_manifest(
-                    {"full": name, "full_bytes": size, "deltas": [], "delta_bytes": 0}
-                )
-            self._remove_unlisted_deltas(self.manifest)
-            return path, "full", size
+            written = threading.Event()
+
+            def on_disk(path: str) -> None:  # on TensorFlow's checkpoint thread
+                self._written_full = (path, _folder_bytes(path))
+                written.set()
+
+            path = model_dir.save_checkpoint(self.manager, step, durable=True, written=on_disk)
+            self.writing = (path, step, written)
+            return path, "full", None
         self.rec_model.before_save(trim=False)
         tables, state = tables_and_state(self.rec_model)
         changes = {path: table.take_changes() for path, table in tables.items()}
@@ -188,6 +203,29 @@ class DeltaCheckpoints:
             manifest["delta_bytes"] += size
             self._replace_manifest(manifest)
         return prefix, "delta", size
+
+    def finish(self, wait: bool = True) -> tuple[str, int] | None:
+        """Once the full checkpoint being written is on disk (at once, or after waiting
+        for it with `wait`): lists it in the manifest, drops the deltas before it, and
+        returns its path and bytes; None while it is being written, or if none is.
+
+        Raises:
+            ModelDirError: It could not be written; the checkpoints before it stand,
+                and the next one is full.
+        """
+        if self.writing is None or not (wait or self.writing[2].is_set()):
+            return None
+        path, step, _ = self.writing
+        self.writing = None
+        model_dir.wait_for_checkpoint(self.rec_model.checkpoint, self.manager, step)
+        path, size = self._written_full
+        with self._write_failures(f"the manifest of checkpoint {step}"):
+            name = os.path.basename(path)
+            self._replace_manifest(
+                {"full": name, "full_bytes": size, "deltas": [], "delta_bytes": 0}
+            )
+        self._remove_unlisted_deltas(self.manifest)
+        return path, size
 
     @contextlib.contextmanager
     def _write_failures(self, what: str, prefix: str | None = None) -> Iterator[None]:
