@@ -11,8 +11,10 @@ It starts its own redis-server and, for each part (--parts):
   (ncf-serve, started first) follows its export folder. The trainer first trains N
   events of N new users and ML-1M's first 5,000 ratings (the warm-up: N + 6,040 live
   users, their rows all in the server), then ML-1M is replayed at --live_rate events/s
-  for --live_seconds. Each event's freshness is the time the server applied the first
-  publication holding it (its status' ``applied_at``, polled every 10 ms) less the
+  for --live_seconds, once the run's first checkpoint (a full one) is on disk (a full
+  checkpoint comes every --full_checkpoint_every checkpoints, 300 s; what one costs
+  training is printed beside). Each event's freshness is the time the server applied
+  the first publication holding it (its status' ``applied_at``, polled every 10 ms) less the
   event's publication (its stream entry id's milliseconds): p50, p90, p99 and max over
   every replayed event. For each N of --whole_version_ids the same run is made the
   TensorFlow Serving way: no publications, a whole version every 2 s, which the server
@@ -285,6 +287,13 @@ def _freshness(redis_url: str, work_dir: str, events: np.ndarray, live_ids: int,
     poller = _StatusPoller(server)
     try:
         warm_up_seconds = _wait_until_held(server, trainer, last_warm_up, f"{name} warm-up")
+        # A run's first checkpoint is full, at its start: the window begins after it, and
+        # what a full checkpoint (one in every --full_checkpoint_every) costs training is
+        # reported beside it.
+        manifest = os.path.join(work_dir, name, "model", "deltas.json")
+        while not os.path.exists(manifest):
+            trainer.check("before its first checkpoint")
+            time.sleep(0.1)
         poller.start()
         load = online_runs.load_average()
         count = int(FLAGS.live_rate * FLAGS.live_seconds)
@@ -502,11 +511,14 @@ def _print_freshness(runs: list[dict]) -> None:
         summary = run["summary"]
         made = summary.get("publications") or {"count": 0, "rows": 0, "seconds": 0}
         copy, write = summary["export_copy_seconds"] or 0, summary["export_seconds"] or 0
+        full = summary["checkpoints"]["full"]
         print(
             f"  {run['name']}: replay at {run['rate']:,.0f} events/s; warm-up held after "
             f"{run['warm_up_seconds']:.0f} s; a version copied in {copy:.3f} s (training "
             f"waits), written in {write:.2f} s; {made['count']:,} publications of "
-            f"{made['rows'] or 0:,.0f} rows, {made['seconds'] or 0:.3f} s from take to file"
+            f"{made['rows'] or 0:,.0f} rows, {made['seconds'] or 0:.3f} s from take to file; "
+            f"a full checkpoint: training waited {full['wait_seconds'] or 0:.2f} s, written "
+            f"in {full['seconds'] or 0:.2f} s"
         )
     base = next((r for r in runs if r["way"] == "publications"), None)
     for run in runs:

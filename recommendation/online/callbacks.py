@@ -103,9 +103,11 @@ class CheckpointCallback(_Periodic):
         self.manager: tf.train.CheckpointManager | None = None
         self.deltas: delta_checkpoints.DeltaCheckpoints | None = None
         self.restored_from: str | None = None
-        # Of each durable checkpoint, by kind ("full", "delta"): seconds and bytes.
+        # Of each durable checkpoint, by kind ("full", "delta"): seconds and bytes, and
+        # how long training waited for it (a delta's write; a full one's copy).
         self.seconds: dict[str, list[float]] = {"full": [], "delta": []}
         self.bytes: dict[str, list[int]] = {"full": [], "delta": []}
+        self.waits: dict[str, list[float]] = {"full": [], "delta": []}
         # The full checkpoint being written: its position and when it started.
         self._writing: tuple[object, float] | None = None
 
@@ -163,6 +165,7 @@ class CheckpointCallback(_Periodic):
         start = time.perf_counter()
         path, kind, size = self.deltas.save(step)
         self.schedule.mark(step)
+        self.waits[kind].append(time.perf_counter() - start)
         if size is None:  # a full one, on disk later
             self._writing = (rec_model.position, start)
             return path

@@ -30,9 +30,9 @@ def cluster_counts(rec_model: RecModel) -> dict | None:
 def outputs(chosen: list[Callback]) -> dict:
     """The summary's tables (`TableWatch.counts`), the prequential protocol's numbers
     (`PrequentialEvaluation.results`; None without one), the count and mean seconds
-    and bytes of the full checkpoints, of the deltas and of the exports (None: none
-    made), the publications' count, mean rows and seconds, and the side writes that
-    failed."""
+    and bytes of the full checkpoints and of the deltas (and how long training waited
+    for each) and of the exports (None: none made), the publications' count, mean rows
+    and seconds, and the side writes that failed."""
     found = {type(callback): callback for callback in chosen}
     export = found.get(callbacks.ExportCallback)
     publisher = export.publisher if export else None
@@ -50,6 +50,7 @@ def outputs(chosen: list[Callback]) -> dict:
                 "count": len(checkpoint.seconds[kind]),
                 "seconds": mean(checkpoint.seconds[kind]),
                 "bytes": mean(checkpoint.bytes[kind]),
+                "wait_seconds": mean(checkpoint.waits[kind]),
             }
             for kind in ("full", "delta")
         },

@@ -72,7 +72,7 @@ class Publisher:
         self.channel = channel or publication_channels.Folder(export_base)
         self.seq = 0  # of the last publication taken
         self.durable_seq = 0  # of the last one written
-        self.bytes_written = 0  # since `bytes_written` was last reset (by the caller)
+        self.bytes_written = 0  # of every publication written
         self.rows: list[int] = []  # of each publication written
         self.seconds: list[float] = []  # from its take to its write, of each
         self.failures = WriteFailures(
