@@ -340,8 +340,9 @@ class LiveModel:
         )
 
     def _apply(self, served: Served, publication: Publication, swap: bool = True) -> None:
+        prepared = served.module.prepare(publication.tables, publication.dense)
         with self._lock.writing() if swap else contextlib.nullcontext():
-            left = served.module.apply(publication.tables, publication.dense)
+            left = served.module.apply_prepared(prepared)
             served.seq, served.step = publication.seq, publication.step
             served.position = publication.position
             served.published_at, served.applied_at = publication.published_at, time.time()

@@ -80,15 +80,6 @@ class ServedTable(tf.Module):
         keys = tf.gather(self.keys, live)
         return id_index.rebuild(self.index, keys, live[:, None], 1, _INDEX_LOAD)
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec([None], tf.int64),
-            tf.TensorSpec([None], tf.int64),
-            tf.TensorSpec([None, None], tf.float32),
-            tf.TensorSpec([], tf.int64),
-        ],
-        autograph=False,
-    )
     def apply(
         self, slots: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, size: tf.Tensor
     ) -> tf.Tensor:
@@ -109,8 +100,9 @@ class ServedTable(tf.Module):
         new = tf.concat([keys, tf.fill(tf.shape(dropped), id_index.EMPTY_KEY)], 0)
         # Rows past the state's size held no id; an id that stays in its row stays put.
         moved = (touched <= held) & (old != new)
-        leaving = moved & (tf.reshape(self.index.lookup(old), [-1]) == touched)
-        self.index.remove(masks.keep(leaving, old))
+        moved_old, moved_from = masks.keep(moved, old, touched)  # mostly none: no lookup
+        leaving = tf.reshape(self.index.lookup(moved_old), [-1]) == moved_from
+        self.index.remove(masks.keep(leaving, moved_old))
         arriving = moved[: tf.size(slots)] | (slots > held)
         self.index.insert(*masks.keep(arriving, keys, slots))
         self.keys.scatter_update(tf.IndexedSlices(keys, slots))
@@ -160,6 +152,7 @@ class OnlineVersion(tf.Module):
         self.layers = [
             layer for layer in (network.gmf, *network.mlp, network.logit) if layer is not None
         ]
+        object.__setattr__(self, "_apply", self._make_apply())
 
     @property
     def dense_variables(self) -> list:
@@ -247,26 +240,53 @@ class OnlineVersion(tf.Module):
 
     # -- the server's side -----------------------------------------------------
 
+    def prepare(self, tables: dict[str, dict[str, np.ndarray]], dense: list[np.ndarray]) -> tuple:
+        """One publication's changes (`publications.Publication`: each table's changed
+        rows and size, the dense weights) as the tensors `apply_prepared` takes: made
+        before a server stops its readers."""
+        return (
+            {
+                name: (
+                    tf.constant(tables[name]["slots"], tf.int64),
+                    tf.constant(tables[name]["keys"], tf.int64),
+                    tf.constant(tables[name]["rows"], tf.float32),
+                    tf.constant(tables[name]["size"], tf.int64),
+                )
+                for name in TABLES
+            },
+            [tf.constant(weight, tf.float32) for weight in dense],
+        )
+
+    def apply_prepared(self, prepared: tuple) -> dict[str, int]:
+        """Applies `prepare`'s tensors in one graph call; returns, by table, the ids that
+        left its index. Callers make it atomic for readers (`live_model`)."""
+        left = self._apply(*prepared)
+        return {name: int(count) for name, count in left.items()}
+
     def apply(
         self, tables: dict[str, dict[str, np.ndarray]], dense: list[np.ndarray]
     ) -> dict[str, int]:
-        """Applies one publication's changes (`publications.Publication`): each table's
-        changed rows and size, and the dense weights; returns, by table, the ids that
-        left its index. Callers make it atomic for readers (`live_model`)."""
-        left = {}
-        for name in TABLES:
-            changes = tables[name]
-            left[name] = int(
-                getattr(self, name).apply(
-                    tf.constant(changes["slots"]),
-                    tf.constant(changes["keys"]),
-                    tf.constant(changes["rows"]),
-                    tf.constant(changes["size"], tf.int64),
-                )
-            )
-        for variable, value in zip(self.dense_variables, dense, strict=True):
-            variable.assign(value)
-        return left
+        """`prepare` then `apply_prepared`."""
+        return self.apply_prepared(self.prepare(tables, dense))
+
+    def _make_apply(self):
+        """The graph function of `apply_prepared` (not part of the SavedModel)."""
+        row = [
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None, self.users.rows.shape[1]], tf.float32),
+            tf.TensorSpec([], tf.int64),
+        ]
+        dense = [tf.TensorSpec(weight.shape, tf.float32) for weight in self.dense_variables]
+
+        def apply(tables: dict, weights: list) -> dict:
+            left = {name: getattr(self, name).apply(*tables[name]) for name in TABLES}
+            for variable, value in zip(self.dense_variables, weights, strict=True):
+                variable.assign(value)
+            return left
+
+        signature = [{name: tuple(row) for name in TABLES}, dense]
+        return tf.function(apply, input_signature=signature, autograph=False)
 
     def warm_up(self) -> None:
         """Traces both signatures (a server's first requests then wait for nothing)."""
