@@ -198,6 +198,10 @@ class CheckpointCallback(_Periodic):
 # new users, a trainer kept 0.90x its rate without publications at 1, 0.93x at 4 (no
 # versions at all: 0.94x).
 CHAIN_PER_VERSION = 2
+# ... but no sooner than this after the last: a small model's every few publications
+# add up to it, and a version a second is a SavedModel written a second, and servers
+# that fell a publication behind loading one.
+VERSION_MIN_SECONDS = 30.0
 
 # Longest wait of a version for the publications before it (a broker that does not
 # take them: the version waits for the next, training goes on).
@@ -301,6 +305,8 @@ class ExportCallback(Callback):
 
     def _chain_outgrew_version(self) -> bool:
         if self.publisher is None or self._version_bytes is None:
+            return False
+        if time.monotonic() - self.schedule.last_time < VERSION_MIN_SECONDS:
             return False
         written = self.publisher.bytes_written - self._chain_start
         return written >= CHAIN_PER_VERSION * self._version_bytes

@@ -289,6 +289,19 @@ class OnlineVersion(tf.Module):
         return tf.function(apply, input_signature=signature, autograph=False)
 
     def warm_up(self) -> None:
-        """Traces both signatures (a server's first requests then wait for nothing)."""
+        """Traces both signatures and `apply_prepared` (a server's first requests and
+        publications then wait for no tracing): an empty publication, which changes
+        nothing."""
         self.serve(tf.constant([0], tf.int64), tf.constant([0], tf.int64))
         self.recommend(tf.constant([0], tf.int64), tf.constant(1))
+        width = self.users.rows.shape[1]
+        empty = {
+            name: {
+                "slots": np.zeros(0, np.int64),
+                "keys": np.zeros(0, np.int64),
+                "rows": np.zeros((0, width), np.float32),
+                "size": int(getattr(self, name).size.numpy()),
+            }
+            for name in TABLES
+        }
+        self.apply(empty, [weight.numpy() for weight in self.dense_variables])

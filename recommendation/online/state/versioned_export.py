@@ -25,8 +25,8 @@ exporter writes to a folder at a time: ncf-online holds its lease
 more there.
 
 The publications of a run's changes between versions (`serving.publications`) live
-beside the versions, in ``publications/``: once a version is written, those it holds
-are deleted (a server still behind it loads it).
+beside the versions, in ``publications/``: once a version is written, those the
+version before it holds are deleted (a server further behind loads the newest).
 
 (ncf-main's one-off SavedModel and ONNX export of a trained model is
 `recommendation/export.py`; this module knows no model: `serving.online_version` says
@@ -155,17 +155,21 @@ class Exporter:
         # time): on gs://, a version it was copying into place or deleting.
         for old in sorted(set(numbered) - set(complete[-self.keep :])):
             atomic.remove_folder(os.path.join(self.export_base, str(old)), markers=MARKERS)
-        self._prune_publications(version)
+        self._prune_publications(complete[-2:])
         return final
 
-    def _prune_publications(self, newest: int) -> None:
-        """Deletes the publications a server no longer needs: those the newest version
-        holds, and those of other runs (a server behind it loads it)."""
-        info = read_info(os.path.join(self.export_base, str(newest)))
-        if "run" in info:
-            self.channel.prune(
-                {info["run"]: info["publication"] + 1}, info.get("copied_at", info["exported_at"])
-            )
+    def _prune_publications(self, kept: list[int]) -> None:
+        """Deletes the publications a server no longer needs: those the version before
+        the newest holds (a server that lags less than a version's time never loads one
+        again; one behind loads the newest), and those of other runs."""
+        newest = read_info(os.path.join(self.export_base, str(kept[-1])))
+        if "run" not in newest:
+            return
+        before = read_info(os.path.join(self.export_base, str(kept[-2]))) if kept[:-1] else {}
+        base = before if before.get("run") == newest["run"] else newest
+        self.channel.prune(
+            {newest["run"]: base["publication"] + 1}, base.get("copied_at", base["exported_at"])
+        )
 
 
 def _graph_files(saved_model_dir: str) -> dict[str, bytes]:
