@@ -102,6 +102,23 @@ def test_rows_are_gathered_from_the_table_without_reading_all_of_it():
     assert "ResourceGather" in readers and "ReadVariableOp" not in readers
 
 
+def test_a_training_step_reads_no_row_variable_whole():
+    """Every per-row variable (rows, moments, ids, stamps, changed flags) is gathered,
+    scattered or asked its shape, never read whole: once a sparse op touched it, each
+    such read copies the whole variable (134 MB a step for 2^24 write stamps)."""
+    trainer = _Trainer()
+    trainer.step([1, 2])
+    graph = trainer._step.get_concrete_function().graph
+    inner = {id(outer): placeholder for outer, placeholder in graph.captures}
+    read_whole = sorted(
+        name
+        for name, variable in trainer.layer.row_variables().items()
+        for op in inner[id(variable.handle)].consumers()
+        if op.type == "ReadVariableOp"
+    )
+    assert read_whole == []
+
+
 def test_unseen_ids_are_evicted_and_their_rows_reused_with_fresh_state():
     trainer = _Trainer(evict_filter_value=2, capacity=2)
     trainer.step([1, 2])  # step 1

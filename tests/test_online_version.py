@@ -104,6 +104,22 @@ def test_recommend_ranks_every_item_in_the_table_as_serving_default_scores_it():
         version.recommend(tf.constant(users[:1]), tf.constant(0))
 
 
+def test_applying_a_publication_reads_no_served_table_whole():
+    """A publication's rows are scattered into the served tables, whose length is asked
+    of their shape: a dense read would copy a table whole at every publication."""
+    version = _version_of(_trained(PARAMS).network)
+    graph = version._apply.get_concrete_function().graph
+    inner = {id(outer): placeholder for outer, placeholder in graph.captures}
+    read_whole = [
+        f"{name}.{part}"
+        for name in publications.TABLES
+        for part in ("keys", "rows")
+        for op in inner[id(getattr(getattr(version, name), part).handle)].consumers()
+        if op.type == "ReadVariableOp"
+    ]
+    assert read_whole == []
+
+
 @pytest.mark.parametrize("every", [1, 3])
 def test_a_version_and_the_publications_after_it_are_the_trainers_model(tmp_path, every):
     """Users expire after 2 steps (rows freed, the last rows moved into the holes, the

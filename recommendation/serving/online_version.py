@@ -30,7 +30,7 @@ import tensorflow as tf
 from recommendation.data import constants
 from recommendation.online import online_ncf
 from recommendation.online.online_ncf import OnlineNeuMF
-from recommendation.online.tables import id_index, masks
+from recommendation.online.tables import id_index, masks, row_shards
 from recommendation.serving.publications import TABLES
 
 # Per-pair values `recommend` holds at once (a block of users times the catalogue):
@@ -112,13 +112,13 @@ class ServedTable(tf.Module):
 
     def _reserve(self, rows: tf.Tensor) -> None:
         """Allocates rows up to `rows` (by `_GROWTH` more than needed at a time)."""
-        allocated = tf.shape(self.keys, out_type=tf.int64)[0] - 1
+        allocated = row_shards.variable_shape(self.keys)[0] - 1
 
         def grow():
             target = rows + tf.cast(tf.cast(rows, tf.float64) * _GROWTH, tf.int64)
             extra = target - allocated
             self.keys.assign(tf.concat([self.keys, tf.zeros([extra], tf.int64)], 0))
-            width = tf.shape(self.rows, out_type=tf.int64)[1]
+            width = row_shards.variable_shape(self.rows)[1]
             self.rows.assign(tf.concat([self.rows, tf.zeros(tf.stack([extra, width]))], 0))
             return tf.constant(True)
 

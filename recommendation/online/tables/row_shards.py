@@ -12,6 +12,10 @@ width]) captured by a function that `ClusterCoordinator` schedules aborts the wo
 process in TensorFlow 2.21 (``tensor_shape.cc: Check failed: size >= 0``); reads put
 the width back (`tf.ensure_shape`).
 
+A variable's length is read from its shape (`variable_shape`), never from its value:
+once a sparse op touched a variable, TensorFlow copies all of it on every dense read,
+and ``tf.shape(variable)`` is one (134 MB a step at 2^24 stamps).
+
 `gather`, `resize` and `shard_variables` take either a `RowShards` or one ordinary
 variable (the rows of a table in one process), and both have ``scatter_update``, so
 the table's code is the same for both.
@@ -22,6 +26,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import tensorflow as tf
+
+
+def variable_shape(variable: tf.Variable) -> tf.Tensor:
+    """`variable`'s shape (int64) as it is now, without reading its value."""
+    return tf.raw_ops.VariableShape(input=variable.handle, out_type=tf.int64)
 
 
 class RowShards(tf.Module):
@@ -92,13 +101,13 @@ class RowShards(tf.Module):
             held = tf.maximum((rows - index + self.num_shards - 1) // self.num_shards, 0)
             # On the shard's task, so that the rows kept do not cross the network.
             with tf.device(shard.device):
-                now = tf.shape(shard, out_type=tf.int64)[0]
+                now = variable_shape(shard)[0]
                 pad = tf.concat([[tf.maximum(held - now, 0)], row_shape], 0)
                 shard.assign(tf.concat([shard[:held], tf.zeros(pad, self.dtype)], 0))
 
     def rows_held(self) -> list[int]:
         """Rows allocated on each shard (eagerly)."""
-        return [int(tf.shape(shard)[0].numpy()) for shard in self.shards]
+        return [int(variable_shape(shard)[0].numpy()) for shard in self.shards]
 
 
 def gather(rows: tf.Variable | RowShards, slots: tf.Tensor) -> tf.Tensor:
@@ -114,8 +123,8 @@ def resize(rows: tf.Variable | RowShards, num_rows: tf.Tensor) -> None:
         rows.resize(num_rows)
         return
     num_rows = tf.cast(num_rows, tf.int64)
-    have = tf.shape(rows, out_type=tf.int64)[0]
-    pad = tf.concat([[tf.maximum(num_rows - have, 0)], tf.shape(rows, out_type=tf.int64)[1:]], 0)
+    shape = variable_shape(rows)
+    pad = tf.concat([[tf.maximum(num_rows - shape[0], 0)], shape[1:]], 0)
     rows.assign(tf.concat([rows[:num_rows], tf.zeros(pad, rows.dtype)], 0))
 
 

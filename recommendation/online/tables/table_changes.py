@@ -47,13 +47,13 @@ class ChangeTracking:
         """``written_at``, first made as long as the other row variables where a restore
         (by any path: it is not checkpointed) left it behind; its stamps are zeros then,
         and a publisher starts from a whole version after a restore."""
-        rows = tf.shape(self.changed, out_type=tf.int64)[0]
+        rows = row_shards.variable_shape(self.changed)[0]
 
         def match() -> tf.Tensor:
             self.written_at.assign(tf.zeros([rows], tf.int64))
             return tf.constant(True)
 
-        behind = tf.shape(self.written_at, out_type=tf.int64)[0] != rows
+        behind = row_shards.variable_shape(self.written_at)[0] != rows
         tf.cond(behind, match, lambda: tf.constant(False))
         return self.written_at
 
