@@ -142,7 +142,7 @@ class LiveModel:
         base_path: str,
         version_poll_seconds: float = 1.0,
         publication_poll_seconds: float = 0.05,
-        channel=None,
+        channel: publication_channels.Channel | None = None,
     ) -> None:
         self.base_path = base_path
         self.channel = channel or publication_channels.Folder(base_path)

@@ -323,12 +323,16 @@ def _decoded(data: bytes, where: str, run: str, seq: int) -> Publication:
     return publication
 
 
+# Where publications go and come from.
+Channel = Folder | RedisStream | KafkaTopic
+
+
 def make_channel(
     export_base: str,
     name: str | None,
     redis_access: RedisAccess | None,
     kafka_access: KafkaAccess | None,
-):
+) -> Channel:
     """The channel of a trainer or server: the folder, or stream or topic `name` of the
     broker given."""
     if not name:

@@ -66,7 +66,7 @@ class Publisher:
         run: str,
         network: OnlineNeuMF,
         keys: dict[str, np.ndarray],
-        channel=None,
+        channel: publication_channels.Channel | None = None,
     ) -> None:
         self.export_base, self.run, self.network = export_base, run, network
         self.channel = channel or publication_channels.Folder(export_base)
