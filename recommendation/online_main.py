@@ -285,6 +285,7 @@ def _run_holding_model_dir(config: OnlineConfig) -> dict:
         rewritten_files=getattr(source, "rewritten_files", None),
         rotated_files=getattr(source, "rotated_files", None),
         reconnects=getattr(source, "reconnects", 0),
+        memory_wait_seconds=getattr(source, "memory_wait_seconds", 0.0),
         **run_summary.rates(chosen),
         cluster=run_summary.cluster_counts(rec_model),
         **run_summary.outputs(chosen),

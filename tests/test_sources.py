@@ -858,6 +858,82 @@ def test_redis_source_rides_out_a_server_restart(redis_server):
     assert _pending(redis_server.client()) == 0
 
 
+def _memory_lines(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if "for memory" in r.getMessage() or "accepts writes again" in r.getMessage()
+    ]
+
+
+def test_redis_writes_refused_for_memory_are_waited_out_and_nothing_is_lost(redis_server, caplog):
+    """Redis at maxmemory under noeviction refuses XGROUP CREATE and XADD (not reads,
+    not XACK): a group that exists is read on after a reconnect, a reply whose dead
+    letter is refused is read again once it is written, a new group waits to be made;
+    each wait said once, its end said, its time counted; every event once."""
+    caplog.set_level("INFO")
+    client = redis_server.client()
+    where = f"Redis at 127.0.0.1:{redis_server.port}"
+    _publish(client, "events", [(1, 1, 1), (2, 2, 2), (3, 3, 3)])
+    source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.05)
+    assert source.read(3, 0.1).users.tolist() == [1, 2, 3]
+    _publish(client, "events", [(4, 4, 4)])
+    bad = client.xadd("events", {"user": "bad", "item": 1, "timestamp": 1})
+    _publish(client, "events", [(5, 5, 5)])
+    redis_server.kill()  # the source reconnects: XGROUP CREATE again
+    assert source.read(10, 0.1) is None and source.reconnects == 1
+    redis_server.start()
+    client = redis_server.client()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)  # any use is above it
+    other = redis_source.RedisSource(redis_server.client(), "events", group="other")
+    for _ in range(3):
+        assert other.read(10, 0.1) is None  # no group, and none can be made
+        assert source.read(10, 0.1) is None  # its group is there; the dead letter is not
+    assert source.reconnects == 1 and client.xlen("events:dead") == 0
+    source.commit(source._position())  # XACK is no refused write
+    client.config_set("maxmemory", 0)
+    events, position = _read_all(source)
+    assert events == [(4, 4), (5, 5)] and source.dead_letters == 1
+    assert [entry_id for entry_id, _ in client.xrange("events:dead")] == [bad]
+    source.commit(position)
+    assert _pending(client) == 0
+    assert [user for user, _ in _read_all(other)[0]] == [1, 2, 3, 4, 5]
+    lines = _memory_lines(caplog)
+    expected = [
+        f"{where} refuses writes for memory (XGROUP CREATE: its used memory is above",
+        f"{where} refuses writes for memory (XADD of a dead letter: its used memory",
+        f"{where} accepts writes again, after",
+        f"{where} accepts writes again, after",
+    ]
+    assert len(lines) == 4 and all(map(str.startswith, lines, expected)), lines
+    assert source.memory_wait_seconds > 0 and other.memory_wait_seconds > 0
+
+
+def test_redis_a_stream_deleted_and_made_again_under_the_trainer_is_read_from_its_start(
+    redis_server, caplog
+):
+    """Its ids restart below the last one read (here: given by the producer), its group
+    is gone: said once, the loss uncounted, the new stream read from its start, each
+    entry once, and acknowledged by a commit."""
+    client = redis_server.client()
+    _publish(client, "events", [(1, 1, 1), (2, 2, 2)])
+    source = redis_source.RedisSource(redis_server.client(), "events", trim_check_secs=0)
+    first = source.read(10, 0.1)
+    assert first.users.tolist() == [1, 2]
+    client.delete("events")
+    for user in (3, 4, 5):
+        client.xadd("events", {"user": user, "item": user, "timestamp": user}, id=f"0-{user}")
+    assert source.read(10, 0.1) is None
+    events, position = _read_all(source)
+    assert events == [(3, 3), (4, 4), (5, 5)] and position["id"] == "0-5"
+    assert position["lost_events_exact"] is False and source.lost_events == 0
+    gone = [r.getMessage() for r in caplog.records if "is gone" in r.getMessage()]
+    assert len(gone) == 1 and f"after {first.ids[-1]}, the last the trainer read" in gone[0]
+    source.commit(position)
+    assert _pending(client) == 0
+
+
 def test_entries_delivered_in_a_reply_lost_to_a_dropped_connection_are_read_again(
     redis_server,
 ):

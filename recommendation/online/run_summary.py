@@ -84,7 +84,8 @@ def summary_line(summary: dict) -> str:
         f"({rate:,.0f} events/s), step {summary['steps']}, {_prequential(summary)}"
         f"dead letters {summary['dead_letters']}, "
         f"{_lost_events(summary)}, {_rewritten_files(summary)}"
-        f"reconnects {summary['reconnects']}, {_tables_and_failures(summary)}"
+        f"reconnects {summary['reconnects']}, {_memory_wait(summary)}"
+        f"{_tables_and_failures(summary)}"
         f"{_shards(summary)}"
         f"stopped by {summary['stopped_by']}"
     )
@@ -104,6 +105,12 @@ def _prequential(summary: dict) -> str:
         f"prequential HR@{results['top_k']}={hr('all')} (cold {hr('cold')}, warm "
         f"{hr('warm')}; {results['all']['scored']:,} scored), "
     )
+
+
+def _memory_wait(summary: dict) -> str:
+    """How long the broker refused writes for memory (Redis at maxmemory), if it did."""
+    seconds = summary.get("memory_wait_seconds") or 0.0
+    return f"writes refused for memory {seconds:.1f} s, " if seconds else ""
 
 
 def _lost_events(summary: dict) -> str:

@@ -301,12 +301,14 @@ class BrokerWatch:
     def __init__(self, access: KafkaAccess) -> None:
         self.access = access
         self.outages = 0
+        self.errors = 0  # every error met: a connection lost among them
         self.down = False
         self.answered_once = False
         self.last: Any = None  # the last error seen but "all brokers down", which says less
         self.refused: Any = None
 
     def __call__(self, error: Any) -> None:
+        self.errors += 1
         if error.name() in REFUSED or error.fatal():
             self.refused = self.refused or error
         elif error.name() == "_ALL_BROKERS_DOWN":

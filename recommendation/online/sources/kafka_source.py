@@ -57,11 +57,20 @@ class KafkaSource:
       the partition's first one, at a restore or while running): counted exactly, the
       first offset less the offset to read;
     - in a topic deleted and created again (its id changed, at a restore or while
-      running): every partition is read from its start, and the old topic's events
-      after the offsets read cannot be counted: `lost_events_exact` turns False;
+      running; a broker that came back without its data is one): every partition is
+      read from its start, and the old topic's events after the offsets read cannot
+      be counted: `lost_events_exact` turns False;
     - where the broker keeps no topic ids, an offset past a partition's end says the
       same (an id, where there is one, is the sure sign: some brokers report a high
       watermark behind records already read).
+
+    After any error from the brokers (a connection lost, every broker down), every
+    partition is unassigned (what was fetched is dropped) until a metadata request
+    succeeds and the topic's id (or, without ids, each partition's end) is checked: a
+    broker that came back with a new log would otherwise hand over its records at the
+    old offsets, trained and then read again from the start (or, without ids,
+    skipped). A topic gone from the metadata is unassigned until it is back, then
+    checked the same way.
 
     Malformed events go to `dead_letters` (a `DeadLetterFile` or a `DeadLetterTopic`),
     once each, and are counted. librdkafka reconnects on its own: an outage is said
@@ -113,6 +122,7 @@ class KafkaSource:
         self._restored: set[int] = set()  # partitions whose offset a restore gave
         self._assigned: set[int] = set()
         self._next_metadata = 0.0
+        self._errors_checked = 0  # the broker errors met before the last metadata read
         self._missing_said = False
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
@@ -173,9 +183,14 @@ class KafkaSource:
 
     def read(self, max_events: int, timeout: float) -> EventChunk | None:
         self._raise_if_refused()
-        if time.monotonic() >= self._next_metadata:
-            self._refresh()
+        errors = self.watch.errors
+        if errors != self._errors_checked:
+            self._unassign()  # what was fetched may come from a log that started again
+        if errors != self._errors_checked or time.monotonic() >= self._next_metadata:
+            if self._refresh():
+                self._errors_checked = errors
         if not self._assigned:
+            self._consumer.poll(0)  # serves the error callback (nothing is assigned)
             time.sleep(timeout)
             return None
         consumed = self._consumer.consume(max_events, timeout)
@@ -243,22 +258,24 @@ class KafkaSource:
                 "Kafka topic %r: %s", self.topic, self.access.scrub(message.error().str())
             )
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> bool:
         """Reads the topic's metadata: its id (a new one: the topic was created again)
-        and partitions (new ones are assigned)."""
+        and partitions (new ones are assigned; all of them unassigned while the topic
+        is missing). Returns whether the brokers answered."""
         self._next_metadata = time.monotonic() + self.metadata_seconds
         try:
             # Short: while the brokers are down, each try holds the training loop.
             metadata = self._consumer.list_topics(self.topic, timeout=2.0)
         except KafkaException:
-            return  # the error callback says the outage
+            return False  # the error callback says the outage
         self.watch.answered()
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None:
             if not self._missing_said:
                 logging.warning("Kafka topic %r does not exist: waiting for it", self.topic)
             self._missing_said = True
-            return
+            self._unassign()
+            return True
         self._missing_said = False
         topic_id = self._topic_id()
         if topic_id and self.topic_id and topic_id != self.topic_id:
@@ -269,6 +286,14 @@ class KafkaSource:
             starts = [TopicPartition(self.topic, p, self._start(p, topic_id)) for p in added]
             self._consumer.incremental_assign(starts)
             self._assigned.update(added)
+        return True
+
+    def _unassign(self) -> None:
+        """Drops every partition's assignment (and what was fetched for it); each one
+        assigned again is checked against the broker's log first (`_start`)."""
+        if self._assigned:
+            self._consumer.unassign()
+        self._assigned, self._restored = set(), set(self._next)
 
     def _topic_id(self) -> str | None:
         """The topic's id, or None where the broker keeps none (before Kafka 2.8)."""
@@ -291,13 +316,13 @@ class KafkaSource:
             new,
             ", ".join(f"partition {p} at {o:,}" for p, o in sorted(self._next.items())) or "none",
         )
-        if self._assigned:
-            self._consumer.unassign()
-        self._assigned, self._next, self._restored = set(), {}, set()
+        self._unassign()
+        self._next, self._restored = {}, set()
 
     def _start(self, partition: int, topic_id: str | None) -> int:
-        """Where to read `partition` from: its restored offset unless retention deleted
-        it (counted) or, without topic ids, it is past the end; else its start."""
+        """Where to read `partition` from: its restored (or unassigned) offset unless
+        retention deleted it (counted) or, without topic ids, it is past the end; else
+        its start."""
         if partition not in self._next:
             return OFFSET_BEGINNING
         offset = self._next[partition]

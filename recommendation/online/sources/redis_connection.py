@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -175,6 +176,47 @@ parse_flags = errors.command_line_parser(scrub=_mask_redis_url)
 def error_text(error: Exception, client: redis.Redis) -> str:
     """An error's text as it may be logged: without the password `client` connects with."""
     return scrub(str(error), client.connection_pool.connection_kwargs.get("password"))
+
+
+class MemoryWait:
+    """Redis refusing writes for memory (``OOM command not allowed``: its used memory
+    above ``maxmemory`` under a policy that evicts nothing, as streams need), waited
+    out as an outage is: said once when it starts, with the setting and the fix, and
+    once when the refused write succeeds again (`succeeded`); `seconds` sums the waits.
+
+    Args:
+        client: The client whose writes are refused (its address is named).
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        kwargs = client.connection_pool.connection_kwargs
+        self.where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        self.seconds = 0.0
+        self.refusing: str | None = None  # what was refused, while it is
+        self._since = 0.0
+
+    def refused(self, what: str) -> None:
+        """A write of `what` was refused for memory: said if it is the first."""
+        if self.refusing is not None:
+            return
+        self.refusing, self._since = what, time.monotonic()
+        logging.warning(
+            "Redis at %s refuses writes for memory (%s: its used memory is above maxmemory "
+            "and its maxmemory-policy evicts nothing): raise maxmemory (CONFIG SET "
+            "maxmemory), cap the streams (XADD MAXLEN, XTRIM) or free memory; training goes "
+            "on with what it can read, and the writes are retried until they succeed",
+            self.where,
+            what,
+        )
+
+    def succeeded(self, what: str) -> None:
+        """A write of `what` succeeded: if it is what was refused, the wait is over."""
+        if self.refusing != what:
+            return
+        waited = time.monotonic() - self._since
+        self.seconds += waited
+        self.refusing = None
+        logging.info("Redis at %s accepts writes again, after %.1f s", self.where, waited)
 
 
 def acl_rules(commands: Iterable[str], keys: Iterable[str]) -> str:

@@ -17,6 +17,7 @@ from recommendation.online.sources import group_claim, redis_connection
 from recommendation.online.sources.dead_letters import payload_text
 from recommendation.online.sources.event_parsing import EventChunk
 from recommendation.online.sources.redis_entries import (
+    entry_text,
     plain_redis_events,
     redis_entry_id,
     redis_event,
@@ -44,6 +45,12 @@ COMMANDS = (
 # Connection failures that retrying heals (a server restarting, a network gone for a
 # while); a refused password is none (`RedisSource`).
 _RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+# The writes Redis refuses for memory (`redis_connection.MemoryWait`), as it names them.
+_GROUP, _DEAD_LETTER, _ACKNOWLEDGEMENT = "XGROUP CREATE", "XADD of a dead letter", "XACK"
+
+
+class _RefusedForMemory(Exception):
+    """A write the source needs before it can go on was refused for memory."""
 
 
 class RedisSource(Redelivery, TrimCounting):
@@ -83,6 +90,12 @@ class RedisSource(Redelivery, TrimCounting):
       re-read come back without fields): counted, and acknowledged with the rest.
     - Trimmed after delivery and before a restore reads them again (below).
 
+    Writes refused for memory (Redis at ``maxmemory`` under ``noeviction``) are waited
+    out (`redis_connection.MemoryWait`, `memory_wait_seconds`): a consumer group that
+    exists is read without creating it, a reply whose dead letter is refused is read
+    again from the pending list until it is written (nothing is acknowledged without
+    its dead letter), acknowledgements are retried at the next commit.
+
     Connection failures and timeouts are retried with back-off (`max_backoff`); a
     refused password (`redis.AuthenticationError`, which redis-py counts among the
     connection errors) is raised instead, since trying the same one again cannot heal
@@ -90,6 +103,10 @@ class RedisSource(Redelivery, TrimCounting):
 
     Where a loss may have happened that cannot be counted, `lost_events_exact` turns
     False (for good: it travels in the position) and `lost_events` is a lower bound.
+
+    A stream (or its group) deleted while the trainer runs is said once: what it held
+    after the last entry read cannot be counted (`lost_events_exact` turns False), and
+    the stream as it is then is read from its start through a group made anew.
 
     A restored position before the group's last-delivered id means that the entries
     between were delivered after the checkpoint restored: pending (the trainer
@@ -142,6 +159,7 @@ class RedisSource(Redelivery, TrimCounting):
         self.lost_events = 0
         self.lost_events_exact = True
         self.reconnects = 0
+        self.memory = redis_connection.MemoryWait(client)
         self.exhausted = False  # a stream never ends
         # Entries ever added to the stream up to the last one read, less those trimmed
         # before they were read and not counted yet (None: unknown, as on Redis < 7).
@@ -157,6 +175,11 @@ class RedisSource(Redelivery, TrimCounting):
         self._delivered: collections.deque = collections.deque()
         self._group_ready = False
         self._backoff = 0.0
+
+    @property
+    def memory_wait_seconds(self) -> float:
+        """Seconds spent while Redis refused writes for memory."""
+        return self.memory.seconds
 
     def restore(self, position: dict | str | None) -> None:
         """Resumes after `position` (also the positions of earlier versions: the bare
@@ -189,6 +212,15 @@ class RedisSource(Redelivery, TrimCounting):
         except _RECONNECTABLE as error:
             self._wait_to_reconnect(error)
             return None
+        except _RefusedForMemory as refused:
+            self.memory.refused(str(refused))
+            self._wait_to_read_again()
+            return None
+        except redis.ResponseError as error:
+            if not str(error).startswith("NOGROUP"):
+                raise
+            self._group_gone()
+            return None
         self._backoff = 0.0
         return chunk
 
@@ -198,10 +230,45 @@ class RedisSource(Redelivery, TrimCounting):
         try:
             start = self._last_read or self._restored or "0"
             self.client.xgroup_create(self.stream, self.group, id=start, mkstream=True)
+        except redis.OutOfMemoryError:
+            # Refused before Redis looks: the group may be there (after a reconnect).
+            if not self._group_exists():
+                raise _RefusedForMemory(_GROUP) from None
         except redis.ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
+            self.memory.succeeded(_GROUP)
+        else:
+            self.memory.succeeded(_GROUP)
         self._group_ready = True
+
+    def _group_gone(self) -> None:
+        """The stream, or its group, was deleted while the trainer ran (XREADGROUP
+        answers NOGROUP): what it held after the last entry read is lost uncounted, and
+        the stream as it is now is read from its start through a group made anew."""
+        logging.warning(
+            "consumer group %r of Redis stream %r is gone (the stream was deleted, or the "
+            "group destroyed, while the trainer ran): the entries it held after %s, the "
+            "last the trainer read, cannot be counted (lost events leave them out); "
+            "reading the stream as it is now from its start",
+            self.group,
+            self.stream,
+            self._last_read or "none",
+        )
+        self.lost_events_exact = False
+        self._group_ready = False
+        # Nothing of the old stream is acknowledged, skipped or read again: ids restart.
+        self._last_read = self._restored = self._after = self._replay = None
+        self._replay_due, self._pending_cursor = False, "0"
+        self._entries_read = None
+        self._delivered.clear()
+
+    def _group_exists(self) -> bool:
+        try:
+            groups = self.client.xinfo_groups(self.stream)
+        except redis.ResponseError:  # no stream
+            return False
+        return any(entry_text(group["name"]) == self.group for group in groups)
 
     def _read_entries(self, max_events: int, timeout: float) -> list:
         if self._replay_due:
@@ -256,19 +323,24 @@ class RedisSource(Redelivery, TrimCounting):
         return entries[len(done) :]
 
     def _wait_to_reconnect(self, error: Exception) -> None:
-        self._backoff = min(self.max_backoff, max(0.05, self._backoff * 2))
         self.reconnects += 1
         self._group_ready = False
-        # A read cut off mid-reply may have delivered entries (Redis put them in our
-        # pending list) that never arrived: walk the pending list again from after
-        # the last entry that did arrive.
-        self._pending_cursor = self._last_read or "0"
         logging.warning(
             "redis unavailable (%s); retrying in %.2f s",
             redis_connection.error_text(error, self.client),
-            self._backoff,
+            self._wait_to_read_again(),
         )
+
+    def _wait_to_read_again(self) -> float:
+        """Backs off before the next read, which begins where the last whole reply
+        ended; returns the wait."""
+        self._backoff = min(self.max_backoff, max(0.05, self._backoff * 2))
+        # A read cut off mid-reply, or a reply not parsed to its end, may have delivered
+        # entries (Redis put them in our pending list) not taken: walk the pending list
+        # again from after the last entry that was.
+        self._pending_cursor = self._last_read or "0"
         time.sleep(self._backoff)
+        return self._backoff
 
     def _parse(self, entries: list) -> EventChunk:
         """Converts entries and dead-letters the malformed ones; the source's state
@@ -314,6 +386,9 @@ class RedisSource(Redelivery, TrimCounting):
         letter = {"id": entry_id, "error": error, "payload": payload_text(fields)}
         try:
             self.client.xadd(self.dead_letter_stream, letter, id=entry_id)
+            self.memory.succeeded(_DEAD_LETTER)
+        except redis.OutOfMemoryError:
+            raise _RefusedForMemory(_DEAD_LETTER) from None
         except redis.ResponseError as refused:
             if "equal or smaller" not in str(refused):
                 raise
@@ -347,8 +422,12 @@ class RedisSource(Redelivery, TrimCounting):
                 self.claim.check()  # another model's group now: acknowledge nothing
             for start in range(0, len(done), 10000):
                 self.client.xack(self.stream, self.group, *done[start : start + 10000])
+            self.memory.succeeded(_ACKNOWLEDGEMENT)
         except redis.AuthenticationError:
             raise
+        except redis.OutOfMemoryError:
+            self.memory.refused(_ACKNOWLEDGEMENT)  # retried at the next commit
+            self._delivered.appendleft((stream_id(done[-1]), done))
         except _RECONNECTABLE as error:
             # Acknowledged with the next commit; until then they stay pending (and
             # are skipped by id after a restart), so nothing is lost.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import redis
 from absl import logging
 
 from recommendation.online.sources.redis_entries import entry_text, next_id, stream_id
@@ -55,7 +56,12 @@ class TrimCounting:
         transaction = self.client.pipeline(transaction=True)  # both of one moment
         transaction.xinfo_groups(self.stream)
         transaction.xinfo_stream(self.stream)
-        groups, stream = transaction.execute()
+        try:
+            groups, stream = transaction.execute()
+        except redis.ResponseError as error:
+            if "no such key" not in str(error).lower():
+                raise
+            return  # the stream is gone: XREADGROUP says so
         self._next_trim_check = time.monotonic() + self.trim_check_secs
         group = next((g for g in groups if entry_text(g["name"]) == self.group), None)
         if group is None:
