@@ -119,7 +119,9 @@ class KafkaSource:
         self.exhausted = False  # a topic never ends
         self.topic_id: str | None = None
         self._next: dict[int, int] = {}  # partition -> the offset to read next
-        self._restored: set[int] = set()  # partitions whose offset a restore gave
+        # Partitions whose offset is checked against the log before it is read from (a
+        # restore gave it, or the partition was unassigned after a broker error).
+        self._unchecked: set[int] = set()
         self._assigned: set[int] = set()
         self._next_metadata = 0.0
         self._errors_checked = 0  # the broker errors met before the last metadata read
@@ -166,7 +168,7 @@ class KafkaSource:
         self.lost_events_exact = position.get("lost_events_exact", True)
         self.topic_id = position.get("topic_id")
         self._next = {int(p): offset for p, offset in position.get("offsets", {}).items()}
-        self._restored = set(self._next)
+        self._unchecked = set(self._next)
         if self._assigned:
             self._consumer.unassign()
         self._assigned = set()
@@ -293,7 +295,7 @@ class KafkaSource:
         assigned again is checked against the broker's log first (`_start`)."""
         if self._assigned:
             self._consumer.unassign()
-        self._assigned, self._restored = set(), set(self._next)
+        self._assigned, self._unchecked = set(), set(self._next)
 
     def _topic_id(self) -> str | None:
         """The topic's id, or None where the broker keeps none (before Kafka 2.8)."""
@@ -317,7 +319,7 @@ class KafkaSource:
             ", ".join(f"partition {p} at {o:,}" for p, o in sorted(self._next.items())) or "none",
         )
         self._unassign()
-        self._next, self._restored = {}, set()
+        self._next, self._unchecked = {}, set()
 
     def _start(self, partition: int, topic_id: str | None) -> int:
         """Where to read `partition` from: its restored (or unassigned) offset unless
@@ -326,7 +328,7 @@ class KafkaSource:
         if partition not in self._next:
             return OFFSET_BEGINNING
         offset = self._next[partition]
-        if partition not in self._restored:
+        if partition not in self._unchecked:
             return offset
         low, high = self._watermarks(partition)
         if offset < low:

@@ -84,6 +84,11 @@ def entry_text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def find_group(groups: list[dict], name: str) -> dict | None:
+    """Group `name` in an XINFO GROUPS reply (None: it is not there)."""
+    return next((group for group in groups if entry_text(group["name"]) == name), None)
+
+
 def stream_id(value: str | bytes) -> tuple[int, int]:
     milliseconds, _, sequence = entry_text(value).partition("-")
     return int(milliseconds), int(sequence or 0)

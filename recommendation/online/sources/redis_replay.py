@@ -8,7 +8,7 @@ import dataclasses
 
 from absl import logging
 
-from recommendation.online.sources.redis_entries import entry_text, next_id, stream_id
+from recommendation.online.sources.redis_entries import entry_text, find_group, next_id, stream_id
 from recommendation.online.sources.redis_trims import (
     TRIMMED_ADVICE,
     group_entries_read,
@@ -44,7 +44,7 @@ class Redelivery:
         transaction.xinfo_stream(self.stream)
         groups, stream = transaction.execute()
         self._replay_due = False
-        group = next((g for g in groups if entry_text(g["name"]) == self.group), None)
+        group = find_group(groups, self.group)
         if group is None or stream_id(group["last-delivered-id"]) <= self._after:
             return
         if "entries-added" not in stream:

@@ -17,7 +17,7 @@ from recommendation.online.sources import group_claim, redis_connection
 from recommendation.online.sources.dead_letters import payload_text
 from recommendation.online.sources.event_parsing import EventChunk
 from recommendation.online.sources.redis_entries import (
-    entry_text,
+    find_group,
     plain_redis_events,
     redis_entry_id,
     redis_event,
@@ -234,12 +234,12 @@ class RedisSource(Redelivery, TrimCounting):
             # Refused before Redis looks: the group may be there (after a reconnect).
             if not self._group_exists():
                 raise _RefusedForMemory(_GROUP) from None
+            self._group_ready = True
+            return
         except redis.ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
-            self.memory.succeeded(_GROUP)
-        else:
-            self.memory.succeeded(_GROUP)
+        self.memory.succeeded(_GROUP)
         self._group_ready = True
 
     def _group_gone(self) -> None:
@@ -268,7 +268,7 @@ class RedisSource(Redelivery, TrimCounting):
             groups = self.client.xinfo_groups(self.stream)
         except redis.ResponseError:  # no stream
             return False
-        return any(entry_text(group["name"]) == self.group for group in groups)
+        return find_group(groups, self.group) is not None
 
     def _read_entries(self, max_events: int, timeout: float) -> list:
         if self._replay_due:

@@ -8,7 +8,7 @@ import time
 import redis
 from absl import logging
 
-from recommendation.online.sources.redis_entries import entry_text, next_id, stream_id
+from recommendation.online.sources.redis_entries import entry_text, find_group, next_id, stream_id
 
 # What a warning about trimmed entries advises.
 TRIMMED_ADVICE = (
@@ -63,7 +63,7 @@ class TrimCounting:
                 raise
             return  # the stream is gone: XREADGROUP says so
         self._next_trim_check = time.monotonic() + self.trim_check_secs
-        group = next((g for g in groups if entry_text(g["name"]) == self.group), None)
+        group = find_group(groups, self.group)
         if group is None:
             return  # gone: XREADGROUP says so
         delivered = stream_id(group["last-delivered-id"])
