@@ -143,8 +143,7 @@ class CheckpointCallback(_Periodic):
         super().on_idle(logs)
 
     def on_train_end(self, logs=None) -> None:
-        self.finish()
-        super().on_train_end(logs)
+        super().on_train_end(logs)  # a last checkpoint (`act` first waits for the one before)
         self.finish()
 
     def finish(self) -> None:
