@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from recommendation.data import constants
-from recommendation.online import online_ncf
+from recommendation.online import callbacks, online_ncf
 from recommendation.online.state import publishing
 from recommendation.serving import publications
 from recommendation.serving.online_version import OnlineVersion
@@ -179,3 +179,54 @@ def test_a_version_and_the_publications_after_it_are_the_trainers_model(tmp_path
         served.recommend(users, tf.constant(5))["item_ids"],
         fresh.recommend(users, tf.constant(5))["item_ids"],
     )
+
+
+def test_versions_after_the_first_are_the_publications_applied_not_a_copy_of_the_tables(
+    tmp_path, monkeypatch
+):
+    """Where the trainer publishes, only the run's first version is copied from its
+    tables (a copy of a 10^7-row table stalled training for seconds); a later version
+    is the first with every publication applied on the export thread, and its files
+    hold what a copy of the model would, row for row and no row more, under churn."""
+    copies = []
+    copy_from = OnlineVersion.copy_from
+    monkeypatch.setattr(
+        OnlineVersion, "copy_from", lambda self, network: copies.append(copy_from(self, network))
+    )
+    params = dataclasses.replace(
+        PARAMS, user_capacity=40, item_capacity=12, user_eviction="ttl:2", item_eviction="lru"
+    )
+    tf.keras.utils.set_random_seed(5)
+    rec_model = online_ncf.build_rec_model(params)
+    network = rec_model.network
+    export = callbacks.ExportCallback(
+        str(tmp_path), every_steps=10**9, keep=5, publish_every_seconds=10**9
+    )
+    export.set_rec_model(rec_model)
+    rec_model.train(1, [_batch([1, 2, 3], [1, 2, 3])], dataset_sink_mode=False)
+    export.on_train_begin()  # the run's first version
+    rng = np.random.default_rng(5)
+    for step in range(2, 20):
+        rec_model.train(
+            1, [_batch(rng.integers(1, 60, 20), rng.integers(1, 40, 20))], dataset_sink_mode=False
+        )
+        if step % 3 == 0:
+            assert export.publisher.publish(step, {"step": step})
+        if step % 8 == 0:
+            assert export.act()  # the publication of what is pending first
+    export.on_train_end()
+    assert len(copies) == 1 and len(export.exported) == 4
+    assert network.user_embedding.counts()["evicted"] > 10  # the churn happened
+    written = OnlineVersion(json.loads(json.dumps(network.get_config())))
+    tf.train.Checkpoint(root=written).read(
+        f"{export.exported[-1]}/variables/variables"
+    ).assert_existing_objects_matched()
+    fresh = _version_of(network)
+    for name in publications.TABLES:
+        for part in ("keys", "rows", "size"):
+            np.testing.assert_array_equal(
+                getattr(getattr(written, name), part).numpy(),
+                getattr(getattr(fresh, name), part).numpy(),
+            )
+    for mine, theirs in zip(written.dense_variables, fresh.dense_variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())

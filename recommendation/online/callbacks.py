@@ -23,7 +23,7 @@ from recommendation.online.callback_base import Callback
 from recommendation.online.online_ncf import OnlineNeuMF
 from recommendation.online.state import delta_checkpoints, publishing, versioned_export
 from recommendation.serving.online_version import OnlineVersion
-from recommendation.serving.publications import TABLES
+from recommendation.serving.publications import TABLES, Publication
 
 
 class _Schedule:
@@ -216,11 +216,14 @@ class ExportCallback(Callback):
     up to `CHAIN_PER_VERSION` times its size, so that a server starting late applies at
     most that much.
 
-    A version is copied from the model between sinks and written on a thread of its
-    own, one at a time (a version that comes due while one is written waits), so that
-    training goes on while it is written; with publications, the run's first version
-    is exported as training starts (the state its publications build on), and a
-    version is taken only once the publications before it are written. An export that
+    A version is written on a thread of its own, one at a time (a version that comes
+    due while one is written waits), so that training goes on while it is written.
+    Without publications each version is copied from the model between sinks; with
+    them, only the run's first (exported as training starts: the state its
+    publications build on): the export thread applies each publication to it once
+    written, as a server does, and a later version is that state once the
+    publications up to the model as it is now are written, so that the training
+    thread copies no table for it. An export that
     cannot be written (a full disk, no permission) costs no training: it is logged and
     counted (`failures`), nothing of it is listed or served, and the next one is tried
     on schedule; a publication likewise (`Publisher`).
@@ -260,6 +263,7 @@ class ExportCallback(Callback):
         self._writing: concurrent.futures.Future | None = None
         # The publisher's bytes when the last version was copied, and that version's.
         self._chain_start, self._version_bytes = 0, None
+        self._follow_error: Exception | None = None
 
     def on_train_begin(self, logs=None) -> None:
         step = int(self.rec_model.step.numpy())
@@ -311,8 +315,9 @@ class ExportCallback(Callback):
         return written >= CHAIN_PER_VERSION * self._version_bytes
 
     def act(self) -> bool:
-        """Copies the model into the next version and starts writing it (after the
-        publications before it, if any, are written); returns whether it did."""
+        """Starts writing the next version: the model copied into it, or with
+        publications, once those up to the model as it is now are written, the state
+        they built; returns whether it did."""
         self.wait()  # one version at a time: the module is copied into, then written
         rec_model = self.rec_model
         step = int(rec_model.step.numpy())
@@ -323,13 +328,19 @@ class ExportCallback(Callback):
         ):
             return False  # the next version tries again: its chain must be whole
         start, copied_at = time.perf_counter(), time.time()
-        self._version.copy_from(rec_model.network)
-        self.copy_seconds.append(time.perf_counter() - start)
         version = self._version
+        if self.publisher is None:
+            version.copy_from(rec_model.network)
+            self.copy_seconds.append(time.perf_counter() - start)
         if self.publishing and self.publisher is None:
             keys = {name: getattr(version, name).keys.numpy() for name in TABLES}
             self.publisher = publishing.Publisher(
-                self.export_base, self.run, rec_model.network, keys, self.channel
+                self.export_base,
+                self.run,
+                rec_model.network,
+                keys,
+                self.channel,
+                on_written=lambda publication: self._writer.submit(self._follow, publication),
             )
         info = {
             "step": step,
@@ -340,18 +351,32 @@ class ExportCallback(Callback):
         if self.publisher is not None:
             info.update(run=self.run, publication=self.publisher.durable_seq)
             self._chain_start = self.publisher.bytes_written
+        self._writing = self._writer.submit(self._write_version, step, info, start)
+        return True
+
+    def _follow(self, publication: Publication) -> None:
+        """On the export thread: applies a written publication to the version, which
+        thus holds the state of the chain's last one at the next version's write (a
+        failure is raised by that write: no version misses a publication)."""
+        try:
+            self._version.apply(publication.tables, publication.dense)
+        except Exception as error:
+            self._follow_error = error
+            raise
+
+    def _write_version(self, step: int, info: dict, start: float) -> None:
+        """On the export thread: the version's indexes, then its files."""
+        if self._follow_error is not None:
+            raise self._follow_error
+        version = self._version
         self._version_bytes = sum(
             (int(getattr(version, name).size.numpy()) + 1)
             * (8 + 4 * int(getattr(version, name).rows.shape[1]))
             for name in TABLES
         )
-        self._writing = self._writer.submit(self._write_version, step, info, start)
-        return True
-
-    def _write_version(self, step: int, info: dict, start: float) -> None:
-        """On the export thread: the version's indexes, then its files."""
         with self.failures.guard():
-            self._version.reindex()
+            version.trim()
+            version.reindex()
             path = self._exporter.export(step, info)
             self.exported.append(path)
             self.seconds.append(time.perf_counter() - start)

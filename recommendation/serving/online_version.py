@@ -17,7 +17,8 @@ index) and NeuMF's dense layers, behind raw-id signatures:
   user's row is padded with -1 / NaN past its own k.
 
 The trainer fills a version from its tables (`OnlineVersion.copy_from`, at a step
-boundary; `reindex` may then run on another thread); a server builds the same module
+boundary; `reindex` may then run on another thread), and where it publishes, keeps it
+up to date with its publications as a server does; a server builds the same module
 from the version's ``export_info.json`` (`from_config`), reads its variables, and
 applies publications in place (`ServedTable.apply`, `OnlineVersion.apply`).
 """
@@ -109,6 +110,20 @@ class ServedTable(tf.Module):
         self.rows.scatter_update(tf.IndexedSlices(rows, slots))
         self.size.assign(size)
         return tf.reduce_sum(tf.cast(leaving, tf.int64))
+
+    @tf.function(autograph=False)
+    def trim(self) -> None:
+        """Drops the rows allocated ahead (`apply` grows by `_GROWTH`): a version's files
+        hold the live rows only."""
+        end = self.size + 1
+
+        def cut():
+            self.keys.assign(tf.gather(self.keys, tf.range(end)))
+            self.rows.assign(tf.gather(self.rows, tf.range(end)))
+            return tf.constant(True)
+
+        allocated = row_shards.variable_shape(self.keys)[0]
+        tf.cond(allocated > end, cut, lambda: tf.constant(False))
 
     def _reserve(self, rows: tf.Tensor) -> None:
         """Allocates rows up to `rows` (by `_GROWTH` more than needed at a time)."""
@@ -237,6 +252,12 @@ class OnlineVersion(tf.Module):
         """Rebuilds both indexes from the ids `copy_from` copied."""
         for name in TABLES:
             getattr(self, name).reindex()
+
+    def trim(self) -> None:
+        """Drops the rows both tables allocated ahead as publications were applied
+        (before the version is written)."""
+        for name in TABLES:
+            getattr(self, name).trim()
 
     # -- the server's side -----------------------------------------------------
 

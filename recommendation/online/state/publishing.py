@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,8 @@ class Publisher:
             (the run's first full version), to tell which ids later leave the tables.
         channel: Where they go (`publication_channels`; None: ``publications/`` in
             `export_base`).
+        on_written: Called on the publisher's thread with each publication once it is
+            written, in order (the exporter keeps its version up to date with them).
     """
 
     def __init__(
@@ -67,8 +70,10 @@ class Publisher:
         network: OnlineNeuMF,
         keys: dict[str, np.ndarray],
         channel: publication_channels.Channel | None = None,
+        on_written: Callable[[Publication], None] | None = None,
     ) -> None:
         self.export_base, self.run, self.network = export_base, run, network
+        self.on_written = on_written
         self.channel = channel or publication_channels.Folder(export_base)
         self.seq = 0  # of the last publication taken
         self.durable_seq = 0  # of the last one written
@@ -82,6 +87,7 @@ class Publisher:
         )
         self._since = {name: int(table.step.numpy()) for name, table in _tables(network).items()}
         self._keys = {name: np.array(keys[name], np.int64) for name in TABLES}
+        self._held = {name: len(self._keys[name]) - 1 for name in TABLES}
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "ncf-publisher")
         self._in_flight: _InFlight | None = None
 
@@ -172,35 +178,47 @@ class Publisher:
     def _write(self, publication: Publication, taken: float) -> bool:
         """On the publisher's thread: the ids that left each table, then the write;
         the ids by row move on only once it is written."""
-        moved = {}
         for name in TABLES:
             changes = publication.tables[name]
-            changes["deleted"], moved[name] = self._left(name, changes)
+            changes["deleted"] = self._left(name, changes)
         data = publications.encode(publication)
+        written = False
         with self.failures.guard():
             # A trainer whose export folder another took over writes nothing more there.
             writer_lease.check_held(self.export_base)
             self.channel.write(publication, data)
-            self.bytes_written += len(data)
-            self._keys = moved
-            self.rows.append(publication.rows)
-            self.seconds.append(time.perf_counter() - taken)
-            return True
-        return False
+            written = True
+        if not written:
+            return False
+        self.bytes_written += len(data)
+        for name in TABLES:
+            self._move(name, publication.tables[name])
+        self.rows.append(publication.rows)
+        self.seconds.append(time.perf_counter() - taken)
+        if self.on_written is not None:
+            self.on_written(publication)
+        return True
 
-    def _left(self, name: str, changes: dict) -> tuple[np.ndarray, np.ndarray]:
-        """The ids that left table `name` with `changes` (their rows now hold other ids,
-        or lie past its size, and they hold no other row), and its ids by row after."""
-        keys, size, slots = self._keys[name], changes["size"], changes["slots"]
-        held = len(keys) - 1
+    def _left(self, name: str, changes: dict) -> np.ndarray:
+        """The ids that left table `name` with `changes`: their rows now hold other ids,
+        or lie past its size, and they hold no other row (costs the rows changed)."""
+        keys, held = self._keys[name], self._held[name]
+        size, slots = changes["size"], changes["slots"]
         rewritten = slots <= held
         before = keys[slots[rewritten]]
         gone = np.concatenate(
             [before[before != changes["keys"][rewritten]], keys[size + 1 : held + 1]]
         )
-        after = np.zeros(size + 1, np.int64)
-        kept = min(held, size) + 1
-        after[:kept] = keys[:kept]
-        after[slots] = changes["keys"]
         # (Ids leave a table only when it evicts: mostly none, and nothing to sort.)
-        return (np.setdiff1d(gone, changes["keys"]) if len(gone) else gone), after
+        return np.setdiff1d(gone, changes["keys"]) if len(gone) else gone
+
+    def _move(self, name: str, changes: dict) -> None:
+        """Once `changes` are written: table `name`'s ids by row as they left it, in
+        place (grown by an eighth at a time; rows past the size are never read)."""
+        keys, size = self._keys[name], changes["size"]
+        if size + 1 > len(keys):
+            grown = np.zeros(size + 1 + size // 8, np.int64)
+            grown[: len(keys)] = keys
+            keys = self._keys[name] = grown
+        keys[changes["slots"]] = changes["keys"]
+        self._held[name] = size
