@@ -64,6 +64,7 @@ from recommendation.online.sources.connect import make_source
 from recommendation.online.sources.event_stream import EventStream
 from recommendation.online.sources.kafka_connection import KafkaAccessError, KafkaOptions
 from recommendation.online.sources.redis_connection import RedisAccessError, RedisOptions
+from recommendation.online.state import serving_export
 from recommendation.serving import publication_channels
 from recommendation.training import ncf_flags
 
@@ -197,7 +198,7 @@ def make_callbacks(config: OnlineConfig, channel=None) -> list[Callback]:
     chosen += [evaluation, tables, checkpoint, callbacks.ReportRestore(checkpoint)]
     if config.export_dir:
         chosen.append(
-            callbacks.ExportCallback(
+            serving_export.ExportCallback(
                 config.export_dir,
                 config.export_every_steps,
                 config.export_every_secs,

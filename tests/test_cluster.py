@@ -36,7 +36,7 @@ from test_online_main import (
 from official.core.model_dir import ModelDirError
 from recommendation.online import callbacks, cluster, online_ncf
 from recommendation.online.cluster import ClusterError
-from recommendation.online.state import versioned_export
+from recommendation.online.state import serving_export, versioned_export
 from recommendation.online.tables.row_shards import RowShards
 from recommendation.serving.live_model import LiveModel
 from recommendation.serving.online_version import OnlineVersion
@@ -78,7 +78,7 @@ def _trained(shard_devices, folder, model_dir=None) -> tuple[dict, online_ncf.Re
     tf.keras.utils.set_random_seed(1)
     rec_model = online_ncf.build_rec_model(PARAMS, shard_devices=shard_devices)
     # Exports every 4 steps: the first one's tables are a fraction of the last's.
-    chosen = [callbacks.ExportCallback(str(folder), every_steps=4, keep=1)]
+    chosen = [serving_export.ExportCallback(str(folder), every_steps=4, keep=1)]
     if model_dir:  # a full checkpoint every 3, deltas between
         chosen.append(callbacks.CheckpointCallback(model_dir, every_steps=4, full_every=3))
     summary = rec_model.online_train(_batches(44), chosen, sink_size=2)

@@ -26,7 +26,7 @@ from official.core import writer_lease
 from official.utils.flags import core
 from recommendation import online_main
 from recommendation.online import callbacks, online_ncf, run_summary
-from recommendation.online.state import versioned_export
+from recommendation.online.state import serving_export, versioned_export
 from recommendation.online_main import OnlineConfig
 from recommendation.training import ncf_flags
 
@@ -356,7 +356,7 @@ def test_the_last_metric_report_comes_before_the_checkpoint_and_export_at_the_en
     for kind, method in (
         (callbacks.MetricLogger, "_report"),
         (callbacks.CheckpointCallback, "act"),
-        (callbacks.ExportCallback, "act"),
+        (serving_export.ExportCallback, "act"),
     ):
         monkeypatch.setattr(kind, method, _recorded(getattr(kind, method), kind.__name__, calls))
     config = OnlineConfig(

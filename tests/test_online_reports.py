@@ -17,8 +17,8 @@ from conftest import run_module_on_a_tmpfs
 from tensorboard.compat.proto import event_pb2
 
 from recommendation import online_main
-from recommendation.online import callbacks, online_ncf, prequential, run_summary
-from recommendation.online.state import versioned_export
+from recommendation.online import online_ncf, prequential, run_summary
+from recommendation.online.state import serving_export, versioned_export
 from recommendation.online_main import OnlineConfig
 
 MODEL = online_ncf.OnlineParams(
@@ -110,7 +110,7 @@ def test_an_export_that_cannot_be_written_costs_no_training_and_is_retried(tmp_p
     rec_model = online_ncf.build_rec_model(MODEL)
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the export folder's parent should be")
-    export = callbacks.ExportCallback(str(blocker / "exports"), every_steps=1)
+    export = serving_export.ExportCallback(str(blocker / "exports"), every_steps=1)
     export.set_rec_model(rec_model)
     export.on_train_begin()
     for _ in range(2):

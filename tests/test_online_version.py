@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from recommendation.data import constants
-from recommendation.online import callbacks, online_ncf
-from recommendation.online.state import publishing
+from recommendation.online import online_ncf
+from recommendation.online.state import publishing, serving_export
 from recommendation.serving import publications
 from recommendation.serving.online_version import OnlineVersion
 
@@ -199,7 +199,7 @@ def test_versions_after_the_first_are_the_publications_applied_not_a_copy_of_the
     tf.keras.utils.set_random_seed(5)
     rec_model = online_ncf.build_rec_model(params)
     network = rec_model.network
-    export = callbacks.ExportCallback(
+    export = serving_export.ExportCallback(
         str(tmp_path), every_steps=10**9, keep=5, publish_every_seconds=10**9
     )
     export.set_rec_model(rec_model)

@@ -14,10 +14,11 @@ import pytest
 import tensorflow as tf
 from test_serving import _publish, _step
 
-from recommendation.online import callbacks, online_ncf
+from recommendation.online import online_ncf
 from recommendation.online.sources import kafka_connection, redis_connection
 from recommendation.online.sources.kafka_connection import KafkaOptions
 from recommendation.online.sources.redis_connection import RedisOptions
+from recommendation.online.state import serving_export
 from recommendation.serving import publication_channels
 from recommendation.serving.live_model import LiveModel
 from recommendation.serving.online_version import OnlineVersion
@@ -73,7 +74,7 @@ def test_a_server_follows_a_brokers_publications_from_any_version(tmp_path, chan
     rec_model = online_ncf.build_rec_model(
         online_ncf.OnlineParams(mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0))
     )
-    export = callbacks.ExportCallback(
+    export = serving_export.ExportCallback(
         base, every_steps=10**9, keep=5, publish_every_seconds=10**9, channel=make(base)
     )
     export.set_rec_model(rec_model)
@@ -104,7 +105,7 @@ def test_a_publication_redis_did_not_take_is_sent_again_until_it_is(tmp_path, re
         online_ncf.OnlineParams(mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0))
     )
     channel = publication_channels.make_channel(base, "pubs", access, None)
-    export = callbacks.ExportCallback(
+    export = serving_export.ExportCallback(
         base, every_steps=10**9, publish_every_seconds=10**9, channel=channel
     )
     export.set_rec_model(rec_model)

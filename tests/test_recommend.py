@@ -20,7 +20,8 @@ from conftest import (
 
 from recommendation import recommend
 from recommendation.data.movielens import DataError
-from recommendation.online import callbacks, online_ncf
+from recommendation.online import online_ncf
+from recommendation.online.state import serving_export
 from recommendation.serving import export_files
 
 
@@ -164,7 +165,7 @@ def test_an_online_export_recommends_from_its_newest_version(tmp_path):
         "timestamp": np.zeros([1, 3], np.int64),
     }
     rec_model.train(1, [batch], dataset_sink_mode=False)
-    export = callbacks.ExportCallback(str(tmp_path), every_steps=1)
+    export = serving_export.ExportCallback(str(tmp_path), every_steps=1)
     export.set_rec_model(rec_model)
     export.on_train_begin()
     export.act()

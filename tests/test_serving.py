@@ -22,8 +22,8 @@ import tensorflow as tf
 from conftest import truncate_half
 
 from recommendation.data import constants
-from recommendation.online import callbacks, online_ncf
-from recommendation.online.state import versioned_export
+from recommendation.online import online_ncf
+from recommendation.online.state import serving_export, versioned_export
 from recommendation.serving import publications
 from recommendation.serving.online_version import OnlineVersion
 
@@ -255,7 +255,7 @@ def _step(rec_model, seed: int) -> None:
     rec_model.train(1, [batch], dataset_sink_mode=False)
 
 
-def _publish(export: callbacks.ExportCallback, count: int, seed: int) -> None:
+def _publish(export: serving_export.ExportCallback, count: int, seed: int) -> None:
     for index in range(count):
         _step(export.rec_model, seed + index)
         step = int(export.rec_model.step.numpy())
@@ -295,7 +295,7 @@ def test_a_damaged_or_missing_publication_is_named_and_the_next_version_mends_it
     rec_model = online_ncf.build_rec_model(
         online_ncf.OnlineParams(mf_dim=4, layers=(8, 4), mlp_regularization=(0.0, 0.0))
     )
-    export = callbacks.ExportCallback(
+    export = serving_export.ExportCallback(
         str(base), every_steps=10**9, keep=5, publish_every_seconds=10**9
     )
     export.set_rec_model(rec_model)

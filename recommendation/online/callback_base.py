@@ -1,11 +1,12 @@
 """What RecModel calls back: `Callback`, a Keras callback that also sees the RecModel,
 each sink as it is read, before and after it trains (and may probe the model inside
-the sink's graph call), and a stream's quiet periods, and `CallbackList`, which calls
-every callback given.
+the sink's graph call), and a stream's quiet periods, `CallbackList`, which calls
+every callback given, and the `Schedule` of periodic ones.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import keras
@@ -74,3 +75,24 @@ class CallbackList:
                 getattr(callback, name, lambda *_: None)(*args)
 
         return dispatch
+
+
+class Schedule:
+    """Due every `steps` steps or `seconds` seconds (whichever first), and only when
+    training has advanced since the last time."""
+
+    def __init__(self, steps: int | None, seconds: float | None) -> None:
+        if not steps and not seconds:
+            raise ValueError("give every_steps or every_seconds (or both)")
+        self.steps, self.seconds = steps, seconds
+        self.last_step, self.last_time = 0, time.monotonic()
+
+    def due(self, step: int) -> bool:
+        if step <= self.last_step:
+            return False
+        by_steps = self.steps and step - self.last_step >= self.steps
+        by_time = self.seconds and time.monotonic() - self.last_time >= self.seconds
+        return bool(by_steps or by_time)
+
+    def mark(self, step: int) -> None:
+        self.last_step, self.last_time = step, time.monotonic()

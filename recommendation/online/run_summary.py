@@ -10,6 +10,7 @@ from recommendation.online import callbacks
 from recommendation.online.callback_base import Callback
 from recommendation.online.evaluation import PrequentialEvaluation
 from recommendation.online.rec_model import RecModel
+from recommendation.online.state import serving_export
 
 
 def cluster_counts(rec_model: RecModel) -> dict | None:
@@ -34,7 +35,7 @@ def outputs(chosen: list[Callback]) -> dict:
     for each) and of the exports (None: none made), the publications' count, mean rows
     and seconds, and the side writes that failed."""
     found = {type(callback): callback for callback in chosen}
-    export = found.get(callbacks.ExportCallback)
+    export = found.get(serving_export.ExportCallback)
     publisher = export.publisher if export else None
     checkpoint = found[callbacks.CheckpointCallback]
     evaluation = found.get(PrequentialEvaluation)

@@ -18,7 +18,7 @@ index) and NeuMF's dense layers, behind raw-id signatures:
 
 The trainer fills a version from its tables (`OnlineVersion.copy_from`, at a step
 boundary; `reindex` may then run on another thread), and where it publishes, keeps it
-up to date with its publications as a server does; a server builds the same module
+up to date with its publications' rows (`follow`); a server builds the same module
 from the version's ``export_info.json`` (`from_config`), reads its variables, and
 applies publications in place (`ServedTable.apply`, `OnlineVersion.apply`).
 """
@@ -111,6 +111,15 @@ class ServedTable(tf.Module):
         self.size.assign(size)
         return tf.reduce_sum(tf.cast(leaving, tf.int64))
 
+    def follow(self, slots: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, size: tf.Tensor) -> None:
+        """`apply` without the index: the trainer's copy of a version, whose index is
+        rebuilt (`reindex`) before it is written, follows the publications at the cost
+        of their rows alone."""
+        self._reserve(tf.maximum(size, tf.reduce_max(tf.concat([slots, [0]], 0))))
+        self.keys.scatter_update(tf.IndexedSlices(keys, slots))
+        self.rows.scatter_update(tf.IndexedSlices(rows, slots))
+        self.size.assign(size)
+
     @tf.function(autograph=False)
     def trim(self) -> None:
         """Drops the rows allocated ahead (`apply` grows by `_GROWTH`): a version's files
@@ -168,6 +177,7 @@ class OnlineVersion(tf.Module):
             layer for layer in (network.gmf, *network.mlp, network.logit) if layer is not None
         ]
         object.__setattr__(self, "_apply", self._make_apply())
+        object.__setattr__(self, "_follow", self._make_apply(follow=True))
 
     @property
     def dense_variables(self) -> list:
@@ -290,8 +300,14 @@ class OnlineVersion(tf.Module):
         """`prepare` then `apply_prepared`."""
         return self.apply_prepared(self.prepare(tables, dense))
 
-    def _make_apply(self):
-        """The graph function of `apply_prepared` (not part of the SavedModel)."""
+    def follow(self, tables: dict[str, dict[str, np.ndarray]], dense: list[np.ndarray]) -> None:
+        """Applies a publication's changes but not to the indexes (`ServedTable.follow`):
+        `reindex` before the version is read or written."""
+        self._follow(*self.prepare(tables, dense))
+
+    def _make_apply(self, follow: bool = False):
+        """The graph function of `apply_prepared`, or with `follow` of `follow` (not part
+        of the SavedModel)."""
         row = [
             tf.TensorSpec([None], tf.int64),
             tf.TensorSpec([None], tf.int64),
@@ -301,7 +317,8 @@ class OnlineVersion(tf.Module):
         dense = [tf.TensorSpec(weight.shape, tf.float32) for weight in self.dense_variables]
 
         def apply(tables: dict, weights: list) -> dict:
-            left = {name: getattr(self, name).apply(*tables[name]) for name in TABLES}
+            change = "follow" if follow else "apply"
+            left = {name: getattr(getattr(self, name), change)(*tables[name]) for name in TABLES}
             for variable, value in zip(self.dense_variables, weights, strict=True):
                 variable.assign(value)
             return left
