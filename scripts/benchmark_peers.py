@@ -17,7 +17,11 @@ cold and warm users):
   of --river_settings), with --river_python (the python of
   ``scripts/peers/setup_river.sh``'s environment), if given;
 - TorchRec's managed-collision tables (``mch_lru``, ``mch_lfu``) and plain hashing
-  (``hash``) at each capacity, with --torchrec_python (``setup_torchrec.sh``), if given.
+  (``hash``) at each capacity, with --torchrec_python (``setup_torchrec.sh``), if given;
+- the baseline ladder: popularity so far and recent popularity at each half-life of
+  --popularity_half_lives (``peers/popularity_online.py``, event by event), and on a
+  generated stream the generator's references (each candidate's true popularity, and
+  the oracle: that and the user's true taste) from the folder's references file.
 
 For each: steady events/s (after the first second or report: start-up and tracing
 left out), peak RSS, bytes per live id (the peak RSS above that of a process that only
@@ -46,6 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import online_runs  # noqa: E402  (sibling scripts)
 import plots  # noqa: E402
 
+from recommendation.data.stream_references import FILE_NAME as REFERENCES_FILE  # noqa: E402
+
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers")
 TORCHREC_TABLES = ("mch_lru", "mch_lfu", "hash")
 
@@ -63,6 +69,11 @@ flags.DEFINE_multi_string(
     "one at river's defaults: e.g. the rate chosen on validation streams.",
 )
 flags.DEFINE_string("torchrec_python", None, "Python of TorchRec's environment.")
+flags.DEFINE_list(
+    "popularity_half_lives",
+    [],
+    "Recent-popularity rungs of the ladder: half-lives in events (popularity so far always runs).",
+)
 flags.DEFINE_string("work_dir", None, "Where the runs' files go (default: a temporary folder).")
 flags.DEFINE_string("plot_dir", None, "Write the chart here.")
 flags.DEFINE_list(
@@ -159,6 +170,14 @@ def _runs(work: str) -> list[tuple[str, str, dict]]:
             systems.append((f"TorchRec {tables}", "TorchRec", f"{capacity:,}", run))
     if FLAGS.torchrec_python:
         frameworks["TorchRec"] = _imports_only(FLAGS.torchrec_python, "torch, torchrec")
+    frameworks["numpy"] = _imports_only(sys.executable, "numpy")
+    for half_life in [None, *FLAGS.popularity_half_lives]:
+        more = () if half_life is None else (f"--half_life_events={half_life}",)
+        run = lambda folder, more=more: _peer(  # noqa: E731
+            sys.executable, "popularity_online.py", folder, *more
+        )
+        name = "popularity so far" if half_life is None else f"recent popularity {half_life}"
+        systems.append((name, "numpy", "all ids", run))
     if FLAGS.river_python:
         frameworks["river"] = _imports_only(FLAGS.river_python, "river")
         for settings in ["", *FLAGS.river_settings]:
@@ -181,7 +200,30 @@ def _runs(work: str) -> list[tuple[str, str, dict]]:
             f"HR@10 {hr:.4f}",
             flush=True,
         )
+    for index, (system, capacity, result) in enumerate(_references(), len(systems)):
+        runs.append((system, capacity, result))
+        with open(os.path.join(work, f"{index:02d}.json"), "w") as file:
+            json.dump({"system": system, "capacity": capacity, **result}, file)
     return runs
+
+
+def _references() -> list[tuple[str, str, dict]]:
+    """The generator's references (a generated stream's folder holds them; none for
+    other streams), as rows of the table: the protocol's numbers only."""
+    path = os.path.join(FLAGS.events_dir, REFERENCES_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as file:
+        scores = json.load(file)
+    no_speed = {"steady_events_per_second": None, "peak_rss": None, "bytes_per_id": None}
+    return [
+        (
+            f"generator's {name} reference",
+            "reference",
+            {**no_speed, "tables": {}, "prequential": scores[name]},
+        )
+        for name in ("popularity", "oracle")
+    ]
 
 
 def _earlier_runs() -> list[tuple[str, str, dict]]:
@@ -217,9 +259,11 @@ def _table(runs: list[tuple[str, str, dict]]) -> None:
     for system, capacity, result in runs:
         numbers = result["prequential"]
         users = result["tables"].get("user", {})
+        peak, per_id = result["peak_rss"], result["bytes_per_id"]
         print(
             f"| {capacity} | {system} | {_rate(result['steady_events_per_second'])} | "
-            f"{result['peak_rss'] / 2**20:,.0f} | {result['bytes_per_id']:,.0f} | "
+            f"{'n/a' if peak is None else f'{peak / 2**20:,.0f}'} | "
+            f"{'n/a' if per_id is None else f'{per_id:,.0f}'} | "
             f"{numbers['all']['hr']:.4f} / {numbers['cold']['hr']:.4f} / "
             f"{numbers['warm']['hr']:.4f} | {numbers['all']['ndcg']:.4f} | "
             f"{numbers['all']['auc']:.4f} | {users.get('evicted', 0):,} |"

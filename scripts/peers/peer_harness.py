@@ -88,6 +88,11 @@ class Learner(Protocol):
     def describe(self) -> dict:
         """What the model is (library, version, settings), for the result."""
 
+    # A learner may also define ``test_then_add(plan, items) -> scores``: the scores of
+    # `plan`'s events, each knowing the chunk's events before it (`items`: the chunk's,
+    # in order), the chunk then taken in (the ladder's popularity rungs); `score` is
+    # then not called.
+
 
 class EventFolder:
     """The events of a folder's ``*.csv`` / ``*.jsonl`` files as ncf-online's
@@ -237,8 +242,12 @@ def run(
     events, warm = 0, None
     for users, items, times in chunks:
         plan = protocol.plan(users, items, times)
+        if hasattr(learner, "test_then_add"):  # follows the chunk event by event
+            scores = learner.test_then_add(plan, items)
+        else:
+            scores = learner.score(plan.users, plan.candidates) if plan.size else None
         if plan.size:
-            protocol.record(plan, learner.score(plan.users, plan.candidates))
+            protocol.record(plan, scores)
         seen.add(items)
         learner.learn(*training_examples(users, items, seen.draw((len(items), num_neg))))
         events += len(users)
