@@ -258,7 +258,8 @@ def _table(runs: list[tuple[str, str, dict]]) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for system, capacity, result in runs:
         numbers = result["prequential"]
-        users = result["tables"].get("user", {})
+        users = result["tables"].get("user")
+        evicted = "n/a" if users is None else f"{users.get('evicted', 0):,}"
         peak, per_id = result["peak_rss"], result["bytes_per_id"]
         print(
             f"| {capacity} | {system} | {_rate(result['steady_events_per_second'])} | "
@@ -266,7 +267,7 @@ def _table(runs: list[tuple[str, str, dict]]) -> None:
             f"{'n/a' if per_id is None else f'{per_id:,.0f}'} | "
             f"{numbers['all']['hr']:.4f} / {numbers['cold']['hr']:.4f} / "
             f"{numbers['warm']['hr']:.4f} | {numbers['all']['ndcg']:.4f} | "
-            f"{numbers['all']['auc']:.4f} | {users.get('evicted', 0):,} |"
+            f"{numbers['all']['auc']:.4f} | {evicted} |"
         )
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+import time
 import zlib
 
 import numpy as np
@@ -875,7 +876,10 @@ def test_redis_writes_refused_for_memory_are_waited_out_and_nothing_is_lost(redi
     client = redis_server.client()
     where = f"Redis at 127.0.0.1:{redis_server.port}"
     _publish(client, "events", [(1, 1, 1), (2, 2, 2), (3, 3, 3)])
-    source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.05)
+    # (Its trim check at every read: a MULTI that Redis refuses whole at maxmemory.)
+    source = redis_source.RedisSource(
+        redis_server.client(), "events", max_backoff=0.05, trim_check_secs=0
+    )
     assert source.read(3, 0.1).users.tolist() == [1, 2, 3]
     _publish(client, "events", [(4, 4, 4)])
     bad = client.xadd("events", {"user": "bad", "item": 1, "timestamp": 1})
@@ -887,7 +891,9 @@ def test_redis_writes_refused_for_memory_are_waited_out_and_nothing_is_lost(redi
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)  # any use is above it
     other = redis_source.RedisSource(redis_server.client(), "events", group="other")
-    for _ in range(3):
+    deadline = time.monotonic() + 60  # (a loaded machine: the reconnect takes its time)
+    while source.memory.refusing is None or other.memory.refusing is None:
+        assert time.monotonic() < deadline, "no write refused for memory"
         assert other.read(10, 0.1) is None  # no group, and none can be made
         assert source.read(10, 0.1) is None  # its group is there; the dead letter is not
     assert source.reconnects == 1 and client.xlen("events:dead") == 0
@@ -1227,6 +1233,33 @@ def test_redis_a_restore_before_acknowledged_entries_reads_them_again(each_redis
     assert _pending(client) == 0
     assert (source.lost_events, source.lost_events_exact) == (0, True)
     assert chunks[2].position["lost_events_exact"] is True and not _trim_warnings(caplog)
+
+
+def test_redis_a_restore_while_redis_refuses_writes_for_memory_waits_then_reads_again(
+    redis_server, caplog
+):
+    """At maxmemory Redis refuses a MULTI whole, the reads of the entries to read again
+    too: the restored trainer says so once and waits, then reads them as usual."""
+    ids, restored = _acknowledged_past_the_restored_position(redis_server)
+    client = redis_server.client()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    caplog.set_level("INFO")
+    source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.05)
+    source.restore(restored)
+    for _ in range(3):
+        assert source.read(3, 0.1) is None
+    client.config_set("maxmemory", 0)
+    events, _ = _read_all(source, chunk=3)
+    assert [user for user, _ in events] == list(range(4, 12))
+    where = f"Redis at 127.0.0.1:{redis_server.port}"
+    lines = _memory_lines(caplog)
+    expected = [
+        f"{where} refuses writes for memory (MULTI of the entries to read again after a",
+        f"{where} accepts writes again, after",
+    ]
+    assert len(lines) == 2 and all(map(str.startswith, lines, expected)), lines
+    assert source.memory_wait_seconds > 0
 
 
 def test_redis_entries_gone_from_those_read_again_are_counted_where_the_counters_tell(

@@ -178,6 +178,12 @@ def error_text(error: Exception, client: redis.Redis) -> str:
     return scrub(str(error), client.connection_pool.connection_kwargs.get("password"))
 
 
+class RefusedForMemory(Exception):
+    """A command a source needs before it can go on was refused for memory: a write, or
+    a MULTI of reads (Redis at maxmemory refuses a transaction whole); its argument
+    names it, as `MemoryWait` says it."""
+
+
 class MemoryWait:
     """Redis refusing writes for memory (``OOM command not allowed``: its used memory
     above ``maxmemory`` under a policy that evicts nothing, as streams need), waited

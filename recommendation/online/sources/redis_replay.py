@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 
+import redis
 from absl import logging
 
+from recommendation.online.sources import redis_connection
 from recommendation.online.sources.redis_entries import entry_text, find_group, next_id, stream_id
 from recommendation.online.sources.redis_trims import (
     TRIMMED_ADVICE,
     group_entries_read,
     may_have_trimmed,
 )
+
+# What Redis refuses for memory when the entries after a restored position are looked
+# up (`redis_connection.MemoryWait`), as it is said.
+_REPLAY = "MULTI of the entries to read again after a restore"
 
 
 @dataclasses.dataclass
@@ -42,7 +48,7 @@ class Redelivery:
         transaction = self.client.pipeline(transaction=True)  # both of one moment
         transaction.xinfo_groups(self.stream)
         transaction.xinfo_stream(self.stream)
-        groups, stream = transaction.execute()
+        groups, stream = self._execute(transaction)
         self._replay_due = False
         group = find_group(groups, self.group)
         if group is None or stream_id(group["last-delivered-id"]) <= self._after:
@@ -69,6 +75,16 @@ class Redelivery:
             self._replay.end,
         )
 
+    def _execute(self, transaction) -> list:
+        """`transaction`'s replies; one Redis refuses for memory is waited out (a MULTI
+        is refused whole at maxmemory, reads too: `RedisSource.read` waits)."""
+        try:
+            replies = transaction.execute()
+        except redis.OutOfMemoryError:
+            raise redis_connection.RefusedForMemory(_REPLAY) from None
+        self.memory.succeeded(_REPLAY)
+        return replies
+
     def _replayed_entries(self, max_events: int) -> list:
         """The next entries to read again, in id order: those in the stream and this
         consumer's pending ones no longer in it (without fields); [] once done."""
@@ -85,7 +101,7 @@ class Redelivery:
         )
         if replay.entries_read is None:
             transaction.xinfo_stream(self.stream)
-        found, pending, *stream = transaction.execute()
+        found, pending, *stream = self._execute(transaction)
         # A full reply may stop short of the other's last entry: up to the lower of them.
         pending_ids = [entry["message_id"] for entry in pending]
         for ids in ([entry_id for entry_id, _ in found], pending_ids):

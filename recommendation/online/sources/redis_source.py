@@ -49,10 +49,6 @@ _RECONNECTABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingEr
 _GROUP, _DEAD_LETTER, _ACKNOWLEDGEMENT = "XGROUP CREATE", "XADD of a dead letter", "XACK"
 
 
-class _RefusedForMemory(Exception):
-    """A write the source needs before it can go on was refused for memory."""
-
-
 class RedisSource(Redelivery, TrimCounting):
     """Events from a Redis stream through a consumer group, acknowledged on commit.
 
@@ -212,7 +208,7 @@ class RedisSource(Redelivery, TrimCounting):
         except _RECONNECTABLE as error:
             self._wait_to_reconnect(error)
             return None
-        except _RefusedForMemory as refused:
+        except redis_connection.RefusedForMemory as refused:
             self.memory.refused(str(refused))
             self._wait_to_read_again()
             return None
@@ -233,7 +229,7 @@ class RedisSource(Redelivery, TrimCounting):
         except redis.OutOfMemoryError:
             # Refused before Redis looks: the group may be there (after a reconnect).
             if not self._group_exists():
-                raise _RefusedForMemory(_GROUP) from None
+                raise redis_connection.RefusedForMemory(_GROUP) from None
             self._group_ready = True
             return
         except redis.ResponseError as error:
@@ -388,7 +384,7 @@ class RedisSource(Redelivery, TrimCounting):
             self.client.xadd(self.dead_letter_stream, letter, id=entry_id)
             self.memory.succeeded(_DEAD_LETTER)
         except redis.OutOfMemoryError:
-            raise _RefusedForMemory(_DEAD_LETTER) from None
+            raise redis_connection.RefusedForMemory(_DEAD_LETTER) from None
         except redis.ResponseError as refused:
             if "equal or smaller" not in str(refused):
                 raise

@@ -58,6 +58,11 @@ class TrimCounting:
         transaction.xinfo_stream(self.stream)
         try:
             groups, stream = transaction.execute()
+        except redis.OutOfMemoryError:
+            # At maxmemory Redis refuses a MULTI whole, reads too: checked again later,
+            # and the counters it compares catch up then (the refused writes say why).
+            self._next_trim_check = time.monotonic() + self.trim_check_secs
+            return
         except redis.ResponseError as error:
             if "no such key" not in str(error).lower():
                 raise
