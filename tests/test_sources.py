@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -12,6 +13,7 @@ import zlib
 import numpy as np
 import pytest
 import redis
+from absl import logging as absl_logging
 from absl.testing import parameterized
 from conftest import RedisServer
 
@@ -859,6 +861,13 @@ def test_redis_source_rides_out_a_server_restart(redis_server):
     assert _pending(redis_server.client()) == 0
 
 
+def _info_logs(caplog) -> None:
+    """Captures absl's info lines too, whatever an earlier test in this process set
+    (saving a SavedModel puts absl's verbosity at warnings)."""
+    absl_logging.set_verbosity(absl_logging.INFO)
+    caplog.set_level(logging.INFO, logger="absl")
+
+
 def _memory_lines(caplog) -> list[str]:
     return [
         r.getMessage()
@@ -872,7 +881,7 @@ def test_redis_writes_refused_for_memory_are_waited_out_and_nothing_is_lost(redi
     not XACK): a group that exists is read on after a reconnect, a reply whose dead
     letter is refused is read again once it is written, a new group waits to be made;
     each wait said once, its end said, its time counted; every event once."""
-    caplog.set_level("INFO")
+    _info_logs(caplog)
     client = redis_server.client()
     where = f"Redis at 127.0.0.1:{redis_server.port}"
     _publish(client, "events", [(1, 1, 1), (2, 2, 2), (3, 3, 3)])
@@ -1244,7 +1253,7 @@ def test_redis_a_restore_while_redis_refuses_writes_for_memory_waits_then_reads_
     client = redis_server.client()
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)
-    caplog.set_level("INFO")
+    _info_logs(caplog)
     source = redis_source.RedisSource(redis_server.client(), "events", max_backoff=0.05)
     source.restore(restored)
     for _ in range(3):
