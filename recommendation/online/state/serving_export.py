@@ -14,6 +14,7 @@ from absl import logging
 from official.utils.misc.write_failures import WriteFailures
 from recommendation.online.callback_base import Callback, Schedule
 from recommendation.online.state import publishing, versioned_export
+from recommendation.serving import publication_channels
 from recommendation.serving.online_version import OnlineVersion
 from recommendation.serving.publications import TABLES, Publication
 
@@ -56,7 +57,8 @@ class ExportCallback(Callback):
 
     Args:
         export_base: Folder of versions.
-        every_steps, every_seconds: Version cadence.
+        every_steps: Version cadence in steps (None: by time only).
+        every_seconds: Version cadence in seconds (None: by steps only).
         keep: Versions kept.
         publish_every_seconds: Publication cadence (None: no publications).
         channel: Where publications go (`publication_channels`; None: the folder's
@@ -70,7 +72,7 @@ class ExportCallback(Callback):
         every_seconds: float | None = None,
         keep: int = 3,
         publish_every_seconds: float | None = None,
-        channel=None,
+        channel: publication_channels.Channel | None = None,
     ) -> None:
         super().__init__()
         self.channel = channel
