@@ -191,9 +191,7 @@ def _runs(work: str) -> list[tuple[str, str, dict]]:
     for index, (system, framework, capacity, run) in enumerate(systems):
         folder = os.path.join(work, f"{index:02d}")
         result = _measured(run(folder), frameworks[framework])
-        runs.append((system, capacity, result))
-        with open(os.path.join(work, f"{index:02d}.json"), "w") as file:
-            json.dump({"system": system, "capacity": capacity, **result}, file)
+        _keep(runs, work, index, system, capacity, result)
         hr = result["prequential"]["all"]["hr"]
         print(
             f"{system} at {capacity}: {_rate(result['steady_events_per_second'])} events/s, "
@@ -201,10 +199,15 @@ def _runs(work: str) -> list[tuple[str, str, dict]]:
             flush=True,
         )
     for index, (system, capacity, result) in enumerate(_references(), len(systems)):
-        runs.append((system, capacity, result))
-        with open(os.path.join(work, f"{index:02d}.json"), "w") as file:
-            json.dump({"system": system, "capacity": capacity, **result}, file)
+        _keep(runs, work, index, system, capacity, result)
     return runs
+
+
+def _keep(runs: list, work: str, index: int, system: str, capacity: str, result: dict) -> None:
+    """Adds a run to `runs` and its JSON to `work` (what --results_from reads)."""
+    runs.append((system, capacity, result))
+    with open(os.path.join(work, f"{index:02d}.json"), "w") as file:
+        json.dump({"system": system, "capacity": capacity, **result}, file)
 
 
 def _references() -> list[tuple[str, str, dict]]:

@@ -124,15 +124,8 @@ class ServedTable(tf.Module):
     def trim(self) -> None:
         """Drops the rows allocated ahead (`apply` grows by `_GROWTH`): a version's files
         hold the live rows only."""
-        end = self.size + 1
-
-        def cut():
-            self.keys.assign(tf.gather(self.keys, tf.range(end)))
-            self.rows.assign(tf.gather(self.rows, tf.range(end)))
-            return tf.constant(True)
-
-        allocated = row_shards.variable_shape(self.keys)[0]
-        tf.cond(allocated > end, cut, lambda: tf.constant(False))
+        for variable in (self.keys, self.rows):
+            row_shards.resize(variable, self.size + 1)
 
     def _reserve(self, rows: tf.Tensor) -> None:
         """Allocates rows up to `rows` (by `_GROWTH` more than needed at a time)."""

@@ -61,20 +61,22 @@ class ItemPopularity:
         for begin in range(0, length, block):
             end = min(begin + block, length)
             rows = (plan.positions >= begin) & (plan.positions < end)
+            events = np.unique(chunk_items[begin:end], return_inverse=True)
             if rows.any():
                 scores[rows] = self._score_block(
-                    chunk_items[begin:end], plan.positions[rows] - begin, plan.candidates[rows]
+                    events, plan.positions[rows] - begin, plan.candidates[rows]
                 )
-            self._add(chunk_items[begin:end])
+            self._add(*events)
         return scores
 
     def _score_block(
-        self, items: np.ndarray, positions: np.ndarray, candidates: np.ndarray
+        self, block: tuple[np.ndarray, np.ndarray], positions: np.ndarray, candidates: np.ndarray
     ) -> np.ndarray:
-        """Weights of `candidates` at `positions` of a block of events `items` (the
-        weights before the block, decayed, plus the block's events before each)."""
-        length = len(items)
-        block_ids, codes = np.unique(items, return_inverse=True)
+        """Weights of `candidates` at `positions` of a block of events (`block`: its
+        distinct items and each event's code among them, `np.unique`'s): the weights
+        before the block, decayed, plus the block's events before each."""
+        block_ids, codes = block
+        length = len(codes)
         # The block's events by (item, position), and a running sum of each one's
         # exp(rate * position) in that order: an item's events before position p are
         # a range of it.
@@ -94,11 +96,11 @@ class ItemPopularity:
         at = np.minimum(np.searchsorted(self.ids, items), len(self.ids) - 1)
         return np.where(self.ids[at] == items, self.weights[at], 0.0)
 
-    def _add(self, items: np.ndarray) -> None:
-        """Adds events `items` (in order) to the weights."""
-        length = len(items)
-        ages = length - np.arange(length)  # from each event to the end of `items`
-        block_ids, codes = np.unique(items, return_inverse=True)
+    def _add(self, block_ids: np.ndarray, codes: np.ndarray) -> None:
+        """Adds a block of events (its distinct items, each event's code among them, in
+        order) to the weights."""
+        length = len(codes)
+        ages = length - np.arange(length)  # from each event to the end of the block
         added = np.bincount(codes, np.exp(-self.rate * ages), len(block_ids))
         merged = np.union1d(self.ids, block_ids)
         total = np.zeros(len(merged))
